@@ -1,0 +1,8 @@
+/* commands.c - the table of subcommands. */
+#include "cli/cli.h"
+
+#include <stddef.h>
+
+const cn_cli_command cn_cli_commands[] = {
+    {NULL, NULL},
+};

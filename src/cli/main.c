@@ -1,0 +1,35 @@
+/* main.c - the `cairn` command: dispatches to one subcommand per file in src/cli/. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+static void usage(FILE *f) {
+    fputs("usage: cairn <command> [options]\n"
+          "\n"
+          "commands:\n"
+          "  generate    generate tokens from a model\n"
+          "  logits      write all-position logits of a token sequence\n"
+          "  make-model  write a synthetic NemotronH checkpoint\n"
+          "  info        describe a model directory\n"
+          "\n"
+          "Run `cairn <command> --help` for the options of one command.\n",
+          f);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    for (const cn_cli_command *c = cn_cli_commands; c->name; c++)
+        if (!strcmp(cmd, c->name)) return c->run(argc - 1, argv + 1);
+    fprintf(stderr, "cairn: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 2;
+}

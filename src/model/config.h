@@ -1,0 +1,90 @@
+/* config.h - a NemotronH config.json (and generation_config.json) parsed into a plain struct.
+ *
+ * Accepts both layer-pattern forms: the `hybrid_override_pattern` string (M, *, E, -) and the newer
+ * `layers_block_type` list (mamba|linear_attention, attention|full_attention, moe, mlp); likewise
+ * `mtp_hybrid_override_pattern` / `mtp_layers_block_type` with `num_nextn_predict_layers`.
+ * Every missing or invalid required field is reported by name (CN_ECONFIG); optional fields take
+ * the transformers defaults. The parser never reads weights.
+ */
+#ifndef CN_CONFIG_H
+#define CN_CONFIG_H
+
+#include "base/error.h"
+
+/* One mixer per block; the values are the hybrid_override_pattern characters. */
+typedef enum cn_block {
+    CN_BLOCK_MAMBA = 'M',
+    CN_BLOCK_ATTN = '*',
+    CN_BLOCK_MOE = 'E',
+    CN_BLOCK_MLP = '-',
+} cn_block;
+
+#define CN_MAX_EOS 8
+
+typedef struct cn_config {
+    char model_type[32];     /* "nemotron_h" */
+    int hidden_size;         /* H */
+    int vocab_size;          /* V */
+    int n_layers;            /* length of the layer pattern */
+    char *layers;            /* [n_layers] cn_block chars, NUL-terminated; owned */
+    float norm_eps;          /* layer_norm_epsilon (norm_eps), default 1e-5 */
+    int tie_word_embeddings; /* default 0 */
+    int max_position_embeddings;
+
+    /* attention ('*') */
+    int n_heads;    /* num_attention_heads */
+    int n_kv_heads; /* num_key_value_heads */
+    int head_dim;   /* head_dim, default hidden_size / n_heads */
+    int attention_bias;
+
+    /* Mamba2 ('M') */
+    int mamba_n_heads;   /* mamba_num_heads */
+    int mamba_head_dim;  /* mamba_head_dim */
+    int n_groups;        /* n_groups */
+    int ssm_state_size;  /* ssm_state_size (d_state) */
+    int conv_kernel;     /* conv_kernel */
+    int chunk_size;      /* chunk_size, default 128 */
+    int use_conv_bias;   /* default 1 */
+    int mamba_proj_bias; /* mamba_proj_bias (use_bias), default 0 */
+    float dt_min, dt_max;/* time_step_limit, default (0, inf) */
+
+    /* dense MLP ('-') */
+    int intermediate_size;
+
+    /* MoE ('E') */
+    int n_routed_experts;
+    int n_experts_per_tok;
+    int moe_intermediate_size;
+    int n_shared_experts;
+    int moe_shared_intermediate_size; /* moe_shared_expert_intermediate_size */
+    int n_group, topk_group;          /* default 1, 1 */
+    int norm_topk_prob;               /* default 1 */
+    float routed_scaling_factor;      /* default 1.0 */
+    int mlp_bias;
+
+    /* multi-token prediction */
+    int n_mtp;          /* num_nextn_predict_layers, default 0 */
+    int n_mtp_layers;   /* length of the MTP pattern */
+    char *mtp_layers;   /* [n_mtp_layers] cn_block chars, NUL-terminated; owned; NULL when none */
+
+    /* tokens (config.json, overridden by generation_config.json where present) */
+    int bos_token_id;         /* -1 if unknown */
+    int pad_token_id;         /* -1 if unknown */
+    int n_eos;
+    int eos_token_ids[CN_MAX_EOS];
+    /* generation defaults from generation_config.json; negative when absent */
+    float gen_temperature, gen_top_p;
+    int gen_top_k;
+} cn_config;
+
+/* Parses dir/config.json and, if present, dir/generation_config.json. On error c is left zeroed
+ * (nothing to free) and err names the file and field. */
+int cn_config_load_dir(cn_config *c, const char *dir, cn_err *err);
+/* Parses a config.json text (for tests); generation fields keep their defaults. */
+int cn_config_parse(cn_config *c, const char *json, const char *what, cn_err *err);
+/* Frees what the config owns; safe on a zeroed config. */
+void cn_config_free(cn_config *c);
+/* Number of layers of a type. */
+int cn_config_count(const cn_config *c, cn_block type);
+
+#endif

@@ -1,0 +1,200 @@
+/* backend.c - wrappers over the backend table: shape checks, then dispatch; see backend.h. */
+#include "tensor/backend_impl.h"
+
+#include <stddef.h>
+
+#include "base/error.h"
+
+#define ROWS(t) ((t)->shape[0])
+#define COLS(t) ((t)->shape[1])
+
+static int is2d_f32(const cn_tensor *t) { return t && t->ndim == 2 && t->dtype == CN_F32; }
+static int is_vec_f32(const cn_tensor *t, int64_t n) {
+    return t && t->dtype == CN_F32 && cn_tensor_nelem(t) == n;
+}
+static int same2d(const cn_tensor *a, const cn_tensor *c) {
+    return ROWS(a) == ROWS(c) && COLS(a) == COLS(c);
+}
+
+const char *cn_backend_name(const cn_backend *b) { return b->iface->name; }
+
+void cn_backend_free(cn_backend *b) {
+    if (b) b->iface->free(b);
+}
+
+int cn_backend_alloc(cn_backend *b, cn_tensor *t) { return b->iface->alloc(b, t); }
+
+void cn_backend_release(cn_backend *b, cn_tensor *t) {
+    if (t && t->data) b->iface->release(b, t);
+    if (t) t->data = NULL;
+}
+
+int cn_backend_upload(cn_backend *b, cn_tensor *dst, uint64_t offset, const void *host, uint64_t n) {
+    if (offset + n > cn_tensor_nbytes(dst)) return CN_EINVAL;
+    return b->iface->upload(b, dst, offset, host, n);
+}
+
+int cn_backend_download(cn_backend *b, void *host, const cn_tensor *src) {
+    return b->iface->download(b, host, src);
+}
+
+int cn_backend_copy(cn_backend *b, cn_tensor *dst, const cn_tensor *src) {
+    if (dst->ndim != 2 || src->ndim != 2 || !same2d(dst, src)) return CN_EINVAL;
+    return b->iface->copy(b, dst, src);
+}
+
+int cn_backend_weight(cn_backend *b, cn_tensor *w) {
+    if (!b->iface->weight) return CN_OK;
+    return b->iface->weight(b, w);
+}
+
+int cn_backend_sync(cn_backend *b) {
+    if (!b->iface->sync) return CN_OK;
+    return b->iface->sync(b);
+}
+
+int cn_backend_supports_weight(const cn_backend *b, cn_dtype dtype) {
+    return b->iface->supports_weight(b, dtype);
+}
+
+int cn_op_matmul(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor *x) {
+    if (!is2d_f32(y) || !is2d_f32(x) || w->ndim != 2) return CN_EINVAL;
+    if (COLS(x) != w->shape[1] || ROWS(y) != ROWS(x) || COLS(y) != w->shape[0]) return CN_EINVAL;
+    if (!b->iface->supports_weight(b, w->dtype)) return CN_EUNSUPPORTED;
+    return b->iface->matmul(b, y, w, x);
+}
+
+int cn_op_matmul_gather(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, int n_w,
+                        const cn_tensor *x, const cn_tensor *ids) {
+    if (!is2d_f32(y) || !is2d_f32(x) || n_w <= 0 || !ids || ids->dtype != CN_I32 || ids->ndim != 2)
+        return CN_EINVAL;
+    int64_t rows = ROWS(ids) * COLS(ids);
+    if (ROWS(y) != rows || (ROWS(x) != ROWS(ids) && ROWS(x) != rows)) return CN_EINVAL;
+    for (int e = 0; e < n_w; e++) {
+        if (w[e]->ndim != 2 || w[e]->shape[1] != COLS(x) || w[e]->shape[0] != COLS(y))
+            return CN_EINVAL;
+        if (!b->iface->supports_weight(b, w[e]->dtype)) return CN_EUNSUPPORTED;
+    }
+    return b->iface->matmul_gather(b, y, w, n_w, x, ids);
+}
+
+int cn_op_get_rows(cn_backend *b, cn_tensor *y, const cn_tensor *table, const cn_tensor *ids) {
+    if (!is2d_f32(y) || table->ndim != 2 || ids->dtype != CN_I32) return CN_EINVAL;
+    if (cn_tensor_nelem(ids) != ROWS(y) || COLS(y) != table->shape[1]) return CN_EINVAL;
+    if (!b->iface->supports_weight(b, table->dtype)) return CN_EUNSUPPORTED;
+    return b->iface->get_rows(b, y, table, ids);
+}
+
+int cn_op_rmsnorm(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w, float eps) {
+    if (!is2d_f32(y) || !is2d_f32(x) || !same2d(y, x) || !is_vec_f32(w, COLS(x))) return CN_EINVAL;
+    return b->iface->rmsnorm(b, y, x, w, eps);
+}
+
+int cn_op_gated_rmsnorm(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *z,
+                        const cn_tensor *w, int group, float eps) {
+    if (!is2d_f32(y) || !is2d_f32(x) || !is2d_f32(z) || !same2d(y, x) || !same2d(x, z))
+        return CN_EINVAL;
+    if (!is_vec_f32(w, COLS(x)) || group <= 0 || COLS(x) % group) return CN_EINVAL;
+    return b->iface->gated_rmsnorm(b, y, x, z, w, group, eps);
+}
+
+int cn_op_conv1d(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w,
+                 const cn_tensor *bias, cn_tensor *state) {
+    if (!is2d_f32(y) || !is2d_f32(x) || !same2d(y, x) || !is2d_f32(w) || !is2d_f32(state))
+        return CN_EINVAL;
+    int64_t C = COLS(x), K = COLS(w);
+    if (ROWS(w) != C || ROWS(state) != K - 1 || COLS(state) != C) return CN_EINVAL;
+    if (bias && !is_vec_f32(bias, C)) return CN_EINVAL;
+    return b->iface->conv1d(b, y, x, w, bias, state);
+}
+
+static int check_ssm(const cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
+                     const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a,
+                     const cn_tensor *state) {
+    if (!is2d_f32(y) || !is2d_f32(x) || !is2d_f32(dt) || !is2d_f32(B) || !is2d_f32(C))
+        return CN_EINVAL;
+    int64_t T = ROWS(x), H = a->n_heads, P = a->head_dim, G = a->n_groups, N = a->d_state;
+    if (H <= 0 || G <= 0 || H % G) return CN_EINVAL;
+    if (!same2d(y, x) || COLS(x) != H * P || ROWS(dt) != T || COLS(dt) != H) return CN_EINVAL;
+    if (ROWS(B) != T || ROWS(C) != T || COLS(B) != G * N || COLS(C) != G * N) return CN_EINVAL;
+    if (!is_vec_f32(a->A_log, H) || !is_vec_f32(a->D, H) || !is_vec_f32(a->dt_bias, H))
+        return CN_EINVAL;
+    if (!state || state->dtype != CN_F32 || cn_tensor_nelem(state) != H * P * N) return CN_EINVAL;
+    return CN_OK;
+}
+
+int cn_op_ssm_scan(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
+                   const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a, cn_tensor *state) {
+    int rc = check_ssm(y, x, dt, B, C, a, state);
+    if (rc) return rc;
+    return b->iface->ssm_scan(b, y, x, dt, B, C, a, state);
+}
+
+int cn_op_ssm_step(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
+                   const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a, cn_tensor *state) {
+    int rc = check_ssm(y, x, dt, B, C, a, state);
+    if (rc) return rc;
+    if (ROWS(x) != 1) return CN_EINVAL;
+    if (!b->iface->ssm_step) return b->iface->ssm_scan(b, y, x, dt, B, C, a, state);
+    return b->iface->ssm_step(b, y, x, dt, B, C, a, state);
+}
+
+int cn_op_attention(cn_backend *b, cn_tensor *out, const cn_tensor *q, const cn_tensor *kc,
+                    const cn_tensor *vc, int n_past, int n_heads, int n_kv_heads, float scale) {
+    if (!is2d_f32(out) || !is2d_f32(q) || !same2d(out, q) || kc->ndim != 2 || vc->ndim != 2)
+        return CN_EINVAL;
+    if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || COLS(q) % n_heads)
+        return CN_EINVAL;
+    int64_t dh = COLS(q) / n_heads;
+    if (COLS(kc) != n_kv_heads * dh || !same2d(kc, vc) || n_past < 0) return CN_EINVAL;
+    if (n_past + ROWS(q) > ROWS(kc)) return CN_EINVAL;
+    return b->iface->attention(b, out, q, kc, vc, n_past, n_heads, n_kv_heads, scale);
+}
+
+int cn_op_moe_route(cn_backend *b, cn_tensor *ids, cn_tensor *weights, const cn_tensor *logits,
+                    const cn_tensor *bias, const cn_route_args *a) {
+    if (!is2d_f32(logits) || !is2d_f32(weights) || ids->dtype != CN_I32 || ids->ndim != 2)
+        return CN_EINVAL;
+    int64_t T = ROWS(logits), E = COLS(logits);
+    if (a->top_k <= 0 || a->top_k > E || ROWS(ids) != T || COLS(ids) != a->top_k ||
+        !same2d(ids, weights))
+        return CN_EINVAL;
+    if (a->n_group > 1 && (E % a->n_group || a->topk_group <= 0 || a->topk_group > a->n_group))
+        return CN_EINVAL;
+    if (bias && !is_vec_f32(bias, E)) return CN_EINVAL;
+    return b->iface->moe_route(b, ids, weights, logits, bias, a);
+}
+
+int cn_op_moe_combine(cn_backend *b, cn_tensor *y, const cn_tensor *rows, const cn_tensor *weights) {
+    if (!is2d_f32(y) || !is2d_f32(rows) || !is2d_f32(weights)) return CN_EINVAL;
+    if (ROWS(weights) != ROWS(y) || ROWS(rows) != ROWS(y) * COLS(weights) || COLS(rows) != COLS(y))
+        return CN_EINVAL;
+    return b->iface->moe_combine(b, y, rows, weights);
+}
+
+int cn_op_add(cn_backend *b, cn_tensor *y, const cn_tensor *a, const cn_tensor *c) {
+    if (!is2d_f32(y) || !is2d_f32(a) || !is2d_f32(c) || !same2d(y, a) || !same2d(a, c))
+        return CN_EINVAL;
+    return b->iface->add(b, y, a, c);
+}
+
+int cn_op_mul(cn_backend *b, cn_tensor *y, const cn_tensor *a, const cn_tensor *c) {
+    if (!is2d_f32(y) || !is2d_f32(a) || !is2d_f32(c) || !same2d(y, a) || !same2d(a, c))
+        return CN_EINVAL;
+    return b->iface->mul(b, y, a, c);
+}
+
+int cn_op_silu(cn_backend *b, cn_tensor *y, const cn_tensor *x) {
+    if (!is2d_f32(y) || !is2d_f32(x) || !same2d(y, x)) return CN_EINVAL;
+    return b->iface->silu(b, y, x);
+}
+
+int cn_op_relu2(cn_backend *b, cn_tensor *y, const cn_tensor *x) {
+    if (!is2d_f32(y) || !is2d_f32(x) || !same2d(y, x)) return CN_EINVAL;
+    return b->iface->relu2(b, y, x);
+}
+
+int cn_op_scale(cn_backend *b, cn_tensor *y, const cn_tensor *x, float s) {
+    if (!is2d_f32(y) || !is2d_f32(x) || !same2d(y, x)) return CN_EINVAL;
+    return b->iface->scale(b, y, x, s);
+}

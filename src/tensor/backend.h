@@ -1,0 +1,118 @@
+/* backend.h - the one table of operations a compute backend implements, seen through wrappers.
+ *
+ * The model calls only these wrappers; it never touches memory a backend owns except through
+ * cn_backend_upload/download. A backend (CPU now, CUDA later) implements the table in
+ * backend_impl.h. Conventions for every op:
+ *  (1) Activations are F32 2D tensors [rows, cols]; rows are contiguous, the row stride may be
+ *      larger than cols (column views of a wider activation, see cn_tensor_cols).
+ *  (2) Weight matrices are [N, K] in any weight dtype the backend supports (F32, BF16, F16,
+ *      F8_E4M3 with per-tensor scale; NVFP4/MXFP8 later); y = x W^T.
+ *  (3) Vectors (norm weights, biases, A_log, D, dt_bias, conv weights) are F32: the model converts
+ *      them at load.
+ *  (4) Index tensors are I32 and live where the backend computes.
+ *  (5) Outputs never alias inputs unless the op says so.
+ * Every wrapper returns 0 or a negative CN_E code (CN_EINVAL for shapes that do not fit,
+ * CN_EUNSUPPORTED for a dtype the backend lacks); on error nothing was written.
+ */
+#ifndef CN_BACKEND_H
+#define CN_BACKEND_H
+
+#include <stdint.h>
+
+#include "tensor/tensor.h"
+
+typedef struct cn_backend cn_backend; /* layout: backend_impl.h */
+
+/* Mamba2 scan parameters shared by ssm_scan and ssm_step. */
+typedef struct cn_ssm_args {
+    const cn_tensor *A_log;   /* [H] F32; A = -exp(A_log) */
+    const cn_tensor *D;       /* [H] F32; skip connection */
+    const cn_tensor *dt_bias; /* [H] F32 */
+    int n_heads;              /* H */
+    int head_dim;             /* P */
+    int n_groups;             /* G; head h reads group h / (H / G) */
+    int d_state;              /* N */
+    int chunk;                /* SSD chunk length (a hint: any value gives the same result) */
+    float dt_min, dt_max;     /* clamp of softplus(dt + dt_bias): time_step_limit */
+} cn_ssm_args;
+
+/* Router parameters for moe_route. */
+typedef struct cn_route_args {
+    int top_k;            /* experts per token */
+    int n_group;          /* expert groups; 1 = no group limiting */
+    int topk_group;       /* groups kept when n_group > 1 */
+    int norm_topk;        /* renormalize chosen weights to sum 1 */
+    float scaling;        /* routed_scaling_factor, applied after renormalization */
+} cn_route_args;
+
+const char *cn_backend_name(const cn_backend *b);
+void cn_backend_free(cn_backend *b);
+
+/* ---- memory ---- */
+/* Allocates t->data for t's dtype and shape (contiguous) on the backend; sets t->where. */
+int cn_backend_alloc(cn_backend *b, cn_tensor *t);
+/* Frees what cn_backend_alloc gave; t->data becomes NULL. Safe on a NULL data. */
+void cn_backend_release(cn_backend *b, cn_tensor *t);
+/* Copies nbytes from host into dst at byte offset. */
+int cn_backend_upload(cn_backend *b, cn_tensor *dst, uint64_t offset, const void *host, uint64_t nbytes);
+/* Copies a (possibly row-strided) 2D tensor into host memory, rows packed. */
+int cn_backend_download(cn_backend *b, void *host, const cn_tensor *src);
+/* dst = src for equal shapes (2D, row strides honoured); dtypes F32 <-> F32/BF16/F16. */
+int cn_backend_copy(cn_backend *b, cn_tensor *dst, const cn_tensor *src);
+/* Makes a host-mapped weight usable by the backend (CPU: nothing; CUDA: upload). */
+int cn_backend_weight(cn_backend *b, cn_tensor *w);
+/* Waits for queued work (no-op on CPU). */
+int cn_backend_sync(cn_backend *b);
+/* 1 if matmul/matmul_gather/get_rows accept weights of this dtype. */
+int cn_backend_supports_weight(const cn_backend *b, cn_dtype dtype);
+
+/* ---- ops ---- */
+/* y[T,N] = x[T,K] W[N,K]^T */
+int cn_op_matmul(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor *x);
+/* Gathered expert matmul. ids:[T,k] I32 names experts w[0..n_w). For row r = t*k + j:
+ * y[r] = xr W[ids[t,j]]^T where xr = x[t] if x has T rows, x[r] if it has T*k rows. y:[T*k, N]. */
+int cn_op_matmul_gather(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, int n_w,
+                        const cn_tensor *x, const cn_tensor *ids);
+/* y[T,H] = table[ids[t]] converted to F32 (embedding lookup). ids:[T] I32. */
+int cn_op_get_rows(cn_backend *b, cn_tensor *y, const cn_tensor *table, const cn_tensor *ids);
+/* y = x / sqrt(mean(x^2) + eps) * w, per row. y may alias x. */
+int cn_op_rmsnorm(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w, float eps);
+/* y = groupRMSNorm(x * silu(z)) * w with groups of `group` columns. y may alias x. */
+int cn_op_gated_rmsnorm(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *z,
+                        const cn_tensor *w, int group, float eps);
+/* Causal depthwise conv over time, no activation:
+ * y[t,c] = bias[c] + sum_k w[c,k] * in[t-K+1+k, c], where in[<0] comes from state.
+ * w:[C,K], bias:[C], state:[K-1, C] (oldest first) holds the raw inputs before x[0]; on return it
+ * holds the last K-1 raw inputs (of state ++ x). */
+int cn_op_conv1d(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w,
+                 const cn_tensor *bias, cn_tensor *state);
+/* Mamba2 selective scan over T >= 1 tokens from `state` ([H, P*N] F32), which is updated to the
+ * state after the last token. x:[T,H*P], dt:[T,H] raw (before dt_bias/softplus), B,C:[T,G*N].
+ * y:[T,H*P] = scan output + D * x. */
+int cn_op_ssm_scan(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
+                   const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a, cn_tensor *state);
+/* Same contract for exactly one token (a decode step); backends may specialise it. */
+int cn_op_ssm_step(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
+                   const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a, cn_tensor *state);
+/* Causal GQA attention, no positional encoding. q:[T, Hq*Dh]; kc, vc:[S, Hkv*Dh] hold the keys and
+ * values of positions 0..n_past+T-1 (the caller wrote rows n_past.. first). Query t sits at
+ * position n_past+t and attends positions 0..n_past+t; query head h reads kv head h/(Hq/Hkv).
+ * out:[T, Hq*Dh]. scale is usually 1/sqrt(Dh). */
+int cn_op_attention(cn_backend *b, cn_tensor *out, const cn_tensor *q, const cn_tensor *kc,
+                    const cn_tensor *vc, int n_past, int n_heads, int n_kv_heads, float scale);
+/* Router: s = sigmoid(logits[T,E]); choose top_k of s + bias (bias may be NULL; group-limited
+ * when n_group > 1: keep the topk_group groups with the best sum of their top-2 biased scores);
+ * weights are the unbiased s of the chosen, renormalised when norm_topk, times scaling.
+ * ids:[T,k] I32, weights:[T,k] F32, ordered by descending biased score. */
+int cn_op_moe_route(cn_backend *b, cn_tensor *ids, cn_tensor *weights, const cn_tensor *logits,
+                    const cn_tensor *bias, const cn_route_args *a);
+/* y[t] = sum_j weights[t,j] * rows[t*k + j]. y:[T,H], rows:[T*k,H], weights:[T,k]. */
+int cn_op_moe_combine(cn_backend *b, cn_tensor *y, const cn_tensor *rows, const cn_tensor *weights);
+/* Elementwise on equal shapes; y may alias an input. */
+int cn_op_add(cn_backend *b, cn_tensor *y, const cn_tensor *a, const cn_tensor *c);
+int cn_op_mul(cn_backend *b, cn_tensor *y, const cn_tensor *a, const cn_tensor *c);
+int cn_op_silu(cn_backend *b, cn_tensor *y, const cn_tensor *x);
+int cn_op_relu2(cn_backend *b, cn_tensor *y, const cn_tensor *x); /* relu(x)^2 */
+int cn_op_scale(cn_backend *b, cn_tensor *y, const cn_tensor *x, float s);
+
+#endif

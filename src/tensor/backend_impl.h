@@ -1,0 +1,56 @@
+/* backend_impl.h - the backend table; only backends and backend.c include this.
+ *
+ * A backend is {iface, ctx}. Members marked (optional) may be NULL; the wrapper in backend.c then
+ * supplies the default named in the comment. Wrappers check shapes before calling, so a member may
+ * assume shapes fit and only reject dtypes it lacks (CN_EUNSUPPORTED).
+ */
+#ifndef CN_BACKEND_IMPL_H
+#define CN_BACKEND_IMPL_H
+
+#include "tensor/backend.h"
+
+typedef struct cn_backend_iface {
+    const char *name;
+    void (*free)(cn_backend *b); /* frees ctx and b */
+
+    int (*alloc)(cn_backend *b, cn_tensor *t);
+    void (*release)(cn_backend *b, cn_tensor *t);
+    int (*upload)(cn_backend *b, cn_tensor *dst, uint64_t offset, const void *host, uint64_t n);
+    int (*download)(cn_backend *b, void *host, const cn_tensor *src);
+    int (*copy)(cn_backend *b, cn_tensor *dst, const cn_tensor *src);
+    int (*weight)(cn_backend *b, cn_tensor *w);        /* (optional) default: nothing to do */
+    int (*sync)(cn_backend *b);                        /* (optional) default: no-op */
+    int (*supports_weight)(const cn_backend *b, cn_dtype dtype);
+
+    int (*matmul)(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor *x);
+    int (*matmul_gather)(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, int n_w,
+                         const cn_tensor *x, const cn_tensor *ids);
+    int (*get_rows)(cn_backend *b, cn_tensor *y, const cn_tensor *table, const cn_tensor *ids);
+    int (*rmsnorm)(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w, float eps);
+    int (*gated_rmsnorm)(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *z,
+                         const cn_tensor *w, int group, float eps);
+    int (*conv1d)(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w,
+                  const cn_tensor *bias, cn_tensor *state);
+    int (*ssm_scan)(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
+                    const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a, cn_tensor *state);
+    int (*ssm_step)(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
+                    const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a,
+                    cn_tensor *state); /* (optional) default: ssm_scan */
+    int (*attention)(cn_backend *b, cn_tensor *out, const cn_tensor *q, const cn_tensor *kc,
+                     const cn_tensor *vc, int n_past, int n_heads, int n_kv_heads, float scale);
+    int (*moe_route)(cn_backend *b, cn_tensor *ids, cn_tensor *weights, const cn_tensor *logits,
+                     const cn_tensor *bias, const cn_route_args *a);
+    int (*moe_combine)(cn_backend *b, cn_tensor *y, const cn_tensor *rows, const cn_tensor *weights);
+    int (*add)(cn_backend *b, cn_tensor *y, const cn_tensor *a, const cn_tensor *c);
+    int (*mul)(cn_backend *b, cn_tensor *y, const cn_tensor *a, const cn_tensor *c);
+    int (*silu)(cn_backend *b, cn_tensor *y, const cn_tensor *x);
+    int (*relu2)(cn_backend *b, cn_tensor *y, const cn_tensor *x);
+    int (*scale)(cn_backend *b, cn_tensor *y, const cn_tensor *x, float s);
+} cn_backend_iface;
+
+struct cn_backend {
+    const cn_backend_iface *iface;
+    void *ctx; /* the backend's own state */
+};
+
+#endif
