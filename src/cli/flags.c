@@ -1,0 +1,96 @@
+/* flags.c - long-option parsing; see flags.h. */
+#include "cli/flags.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+
+void cn_flags_usage(const cn_flag *flags, const char *synopsis, FILE *f) {
+    fprintf(f, "usage: cairn %s\n\noptions:\n", synopsis);
+    for (const cn_flag *fl = flags; fl->name; fl++) {
+        char left[64];
+        snprintf(left, sizeof left, "--%s%s%s", fl->name, fl->metavar ? " " : "",
+                 fl->metavar ? fl->metavar : "");
+        fprintf(f, "  %-24s %s%s\n", left, fl->help ? fl->help : "", fl->required ? " (required)" : "");
+    }
+}
+
+static int set_value(cn_flag *fl, const char *v) {
+    char *end = NULL;
+    errno = 0;
+    switch (fl->type) {
+    case CN_FLAG_STR:
+        *(const char **)fl->dst = v;
+        return 0;
+    case CN_FLAG_INT: {
+        long x = strtol(v, &end, 10);
+        if (errno || end == v || *end || x < -2147483647L || x > 2147483647L) return -1;
+        *(int *)fl->dst = (int)x;
+        return 0;
+    }
+    case CN_FLAG_U64: {
+        if (*v == '-') return -1;
+        unsigned long long x = strtoull(v, &end, 10);
+        if (errno || end == v || *end) return -1;
+        *(uint64_t *)fl->dst = (uint64_t)x;
+        return 0;
+    }
+    case CN_FLAG_FLOAT: {
+        float x = strtof(v, &end);
+        if (errno || end == v || *end || !isfinite(x)) return -1;
+        *(float *)fl->dst = x;
+        return 0;
+    }
+    case CN_FLAG_BOOL:
+        return -1;
+    }
+    return -1;
+}
+
+static int usage_error(const cn_flag *flags, const char *synopsis, const char *fmt, const char *a,
+                       const char *b) {
+    fputs("cairn: ", stderr);
+    fprintf(stderr, fmt, a, b);
+    fputc('\n', stderr);
+    cn_flags_usage(flags, synopsis, stderr);
+    return CN_EUSAGE;
+}
+
+int cn_flags_parse(cn_flag *flags, int argc, char **argv, const char *synopsis) {
+    for (cn_flag *fl = flags; fl->name; fl++) fl->seen = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
+            cn_flags_usage(flags, synopsis, stdout);
+            return 1;
+        }
+        if (strncmp(arg, "--", 2) != 0 || !arg[2])
+            return usage_error(flags, synopsis, "unexpected argument '%s'%s", arg, "");
+        const char *name = arg + 2, *eq = strchr(name, '=');
+        size_t len = eq ? (size_t)(eq - name) : strlen(name);
+        cn_flag *fl = flags;
+        while (fl->name && !(strlen(fl->name) == len && !strncmp(fl->name, name, len))) fl++;
+        if (!fl->name) return usage_error(flags, synopsis, "unknown option '%s'%s", arg, "");
+        if (fl->seen) return usage_error(flags, synopsis, "option --%s given twice%s", fl->name, "");
+        fl->seen = 1;
+        if (fl->type == CN_FLAG_BOOL) {
+            if (eq) return usage_error(flags, synopsis, "option --%s takes no value%s", fl->name, "");
+            *(int *)fl->dst = 1;
+            continue;
+        }
+        const char *v = eq ? eq + 1 : NULL;
+        if (!v) {
+            if (i + 1 >= argc) return usage_error(flags, synopsis, "option --%s needs a value%s", fl->name, "");
+            v = argv[++i];
+        }
+        if (set_value(fl, v) != 0)
+            return usage_error(flags, synopsis, "invalid value '%s' for --%s", v, fl->name);
+    }
+    for (cn_flag *fl = flags; fl->name; fl++)
+        if (fl->required && !fl->seen)
+            return usage_error(flags, synopsis, "missing required option --%s%s", fl->name, "");
+    return 0;
+}
