@@ -369,8 +369,8 @@ static int read_mlp(const src *s, cn_config *c, int required, cn_err *err) {
     if (cJSON_IsArray(j)) {
         if (!required) return CN_OK; /* no dense MLP layer reads it */
         return cn_err_set(err, CN_ECONFIG,
-                          "%s: intermediate_size: per-layer lists are not supported; one integer "
-                          "for every '-' layer is", s->what);
+                          "%s: intermediate_size: per-layer lists are not supported (give one "
+                          "integer for all '-' layers)", s->what);
     }
     return get_int(s, "intermediate_size", NULL, required, 0, 1, &c->intermediate_size, err);
 }
