@@ -188,8 +188,8 @@ static int pattern_from_string(const src *s, const char *name, char **out, cn_er
     for (size_t i = 0; i < n; i++)
         if (!block_from_char(p[i]))
             return cn_err_set(err, CN_ECONFIG,
-                              "%s: %s: unknown block type '%c' at layer %zu (expected M, *, E or -)",
-                              s->what, name, p[i], i);
+                              "%s: %s: unknown block type '%c' at layer %zu "
+                              "(expected M, *, E or -)", s->what, name, p[i], i);
     char *c = malloc(n + 1);
     if (!c) return cn_err_set(err, CN_ENOMEM, "%s: %s: out of memory", s->what, name);
     memcpy(c, p, n + 1);
@@ -252,8 +252,13 @@ static int read_pattern(const src *s, const char *str_name, const char *list_nam
                         str_name, a, list_used, b, i);
         goto done;
     }
-    *out = a ? a : b;
-    if (a) a = NULL; else b = NULL;
+    if (a) { /* hand over whichever form was present; the other (if any) is freed below */
+        *out = a;
+        a = NULL;
+    } else {
+        *out = b;
+        b = NULL;
+    }
 done:
     free(a);
     free(b);

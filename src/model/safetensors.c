@@ -66,7 +66,8 @@ static int index_reserve(cn_safetensors *st, int n) {
     uint32_t *old = st->slots;
     st->slots = slots;
     st->n_slots = ns;
-    for (int k = 0; k < st->n_tensors; k++) st->slots[slot_of(st, st->tensors[k].name)] = (uint32_t)k + 1;
+    for (int k = 0; k < st->n_tensors; k++)
+        st->slots[slot_of(st, st->tensors[k].name)] = (uint32_t)k + 1;
     free(old);
     return CN_OK;
 }
@@ -342,7 +343,7 @@ static int shard_name_ok(const char *s) {
     return s[0] && !strchr(s, '/') && strcmp(s, ".") != 0 && strcmp(s, "..") != 0;
 }
 
-/* Reads the index JSON (a small file, so read rather than mapped for a NUL terminator). */
+/* Reads the index JSON and checks that weight_map is an object; *out is the parsed root. */
 static int read_index(const char *path, cJSON **out, cn_err *err) {
     cn_mapfile m;
     *out = NULL;
@@ -384,8 +385,8 @@ static int open_index(cn_safetensors **out, const char *dir, const char *index_p
     const cJSON *e;
     cJSON_ArrayForEach(e, wm) {
         if (!cJSON_IsString(e)) {
-            rc = cn_err_set(err, CN_EFORMAT, "%s: weight_map: tensor '%s' maps to %s, not a file "
-                            "name", index_path, e->string, "a non-string");
+            rc = cn_err_set(err, CN_EFORMAT, "%s: weight_map: tensor '%s' does not map to a file "
+                            "name", index_path, e->string);
             goto fail;
         }
         if (!shard_name_ok(e->valuestring)) {

@@ -350,7 +350,8 @@ static void test_mtp(void **state) {
     assert_string_equal(c.mtp_layers, "*E");
     cn_config_free(&c);
     /* the string form */
-    parse_ok(&c, nano_with2("num_nextn_predict_layers", "1", "mtp_hybrid_override_pattern", "'*E'"));
+    parse_ok(&c,
+             nano_with2("num_nextn_predict_layers", "1", "mtp_hybrid_override_pattern", "'*E'"));
     assert_string_equal(c.mtp_layers, "*E");
     cn_config_free(&c);
     /* layers asked for, pattern absent: transformers' default, attention then MoE */
@@ -358,7 +359,8 @@ static void test_mtp(void **state) {
     assert_string_equal(c.mtp_layers, "*E");
     cn_config_free(&c);
     /* no MTP layers: the pattern is not used */
-    parse_ok(&c, nano_with2("num_nextn_predict_layers", "0", "mtp_hybrid_override_pattern", "'*E'"));
+    parse_ok(&c,
+             nano_with2("num_nextn_predict_layers", "0", "mtp_hybrid_override_pattern", "'*E'"));
     assert_null(c.mtp_layers);
     assert_int_equal(c.n_mtp_layers, 0);
     cn_config_free(&c);
@@ -366,10 +368,11 @@ static void test_mtp(void **state) {
     expect_error(nano_with2("num_nextn_predict_layers", "1", "mtp_layers_block_type",
                             "['attention', 'ssm']"),
                  CN_ECONFIG, "mtp_layers_block_type[1]", "\"ssm\"");
-    expect_error(nano_with2("num_nextn_predict_layers", "1", "mtp_hybrid_override_pattern", "'*Q'"),
-                 CN_ECONFIG, "mtp_hybrid_override_pattern", "'Q'");
-    expect_error(nano_with("num_nextn_predict_layers", "-1"), CN_ECONFIG, "num_nextn_predict_layers",
-                 ">= 0");
+    expect_error(
+        nano_with2("num_nextn_predict_layers", "1", "mtp_hybrid_override_pattern", "'*Q'"),
+        CN_ECONFIG, "mtp_hybrid_override_pattern", "'Q'");
+    expect_error(nano_with("num_nextn_predict_layers", "-1"), CN_ECONFIG,
+                 "num_nextn_predict_layers", ">= 0");
     /* both MTP forms present and disagreeing */
     char *j = nano_with2("num_nextn_predict_layers", "1", "mtp_hybrid_override_pattern", "'*E'");
     cJSON *root = cJSON_Parse(j);

@@ -194,7 +194,8 @@ static void check_single(const cn_safetensors *st) {
     assert_null(cn_st_find(st, "nope"));
     assert_null(cn_st_at(st, 4));
     assert_null(cn_st_at(st, -1));
-    for (int i = 0; i < 4; i++) assert_ptr_equal(cn_st_find(st, cn_st_at(st, i)->name), cn_st_at(st, i));
+    for (int i = 0; i < 4; i++)
+        assert_ptr_equal(cn_st_find(st, cn_st_at(st, i)->name), cn_st_at(st, i));
     assert_null(cn_st_file_path(st, 1));
 }
 
@@ -260,8 +261,8 @@ static const char *k_shard2 = "model-00002-of-00002.safetensors";
 /* Writes a 2-shard checkpoint: x in shard 1, y and z in shard 2. */
 static void write_two_shards(const char *dir) {
     float x[4] = {1, 2, 3, 4};
-    write_st(join(dir, k_shard1), "{'x': {'dtype': 'F32', 'shape': [2, 2], 'data_offsets': [0, 16]}}",
-             x, sizeof x);
+    write_st(join(dir, k_shard1),
+             "{'x': {'dtype': 'F32', 'shape': [2, 2], 'data_offsets': [0, 16]}}", x, sizeof x);
     uint8_t yz[3 + 2] = {7, 8, 9, 0xaa, 0xbb};
     write_st(join(dir, k_shard2),
              "{'z': {'dtype': 'U8', 'shape': [2], 'data_offsets': [3, 5]},"
@@ -396,7 +397,8 @@ static void test_bad_fields(void **state) {
                       8, CN_EFORMAT, "'w.weight'", "shape[1] = 1.5", NULL);
     expect_file_error("{'w.weight': {'dtype': 'F32', 'shape': ['2'], 'data_offsets': [0, 8]}}", 8,
                       CN_EFORMAT, "'w.weight'", "shape[0] is not a number", NULL);
-    expect_file_error("{'w.weight': {'dtype': 'F32', 'shape': [1,1,1,1,2], 'data_offsets': [0, 8]}}",
+    expect_file_error("{'w.weight': {'dtype': 'F32', 'shape': [1,1,1,1,2],"
+                      " 'data_offsets': [0, 8]}}",
                       8, CN_EFORMAT, "'w.weight'", "5 dimensions", NULL);
     /* data_offsets */
     expect_file_error("{'w.weight': {'dtype': 'F32', 'shape': [2]}}", 8, CN_EFORMAT, "'w.weight'",
@@ -573,7 +575,7 @@ static void test_index_malformed(void **state) {
     write_text(idx, "{'weight_map': {}}");
     expect_dir_error(dir, CN_EFORMAT, "weight_map is empty", NULL, NULL);
     write_text(idx, "{'weight_map': {'x': 3}}");
-    expect_dir_error(dir, CN_EFORMAT, "'x'", "not a file name", NULL);
+    expect_dir_error(dir, CN_EFORMAT, "'x'", "does not map to a file name", NULL);
     /* a bad shard is reported under its own name */
     write_text(idx, k_index);
     write_bytes(join(dir, k_shard2), "\x01", 1, NULL, 0);
