@@ -13,6 +13,8 @@ static const struct {
     [CN_F8_E4M3] = {"F8_E4M3", 1}, [CN_F8_E5M2] = {"F8_E5M2", 1}, [CN_I8] = {"I8", 1},
     [CN_U8] = {"U8", 1},       [CN_I16] = {"I16", 2},         [CN_I32] = {"I32", 4},
     [CN_I64] = {"I64", 8},     [CN_F64] = {"F64", 8},         [CN_BOOL] = {"BOOL", 1},
+    [CN_F8_E8M0] = {"F8_E8M0", 1}, [CN_U16] = {"U16", 2},     [CN_U32] = {"U32", 4},
+    [CN_U64] = {"U64", 8},
     [CN_NVFP4] = {"NVFP4", 0}, [CN_MXFP8] = {"MXFP8", 1},
 };
 

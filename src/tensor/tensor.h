@@ -35,6 +35,10 @@ typedef enum cn_dtype {
     CN_I64,
     CN_F64,
     CN_BOOL,
+    CN_F8_E8M0, /* power-of-two scales (MXFP8 blocks) */
+    CN_U16,
+    CN_U32,
+    CN_U64,
     CN_NVFP4, /* packed E2M1 pairs, low nibble first; block_scale E4M3 per 16; scale = global */
     CN_MXFP8, /* E4M3 values; block_scale E8M0 per 32 */
     CN_DTYPE_COUNT
