@@ -19,7 +19,7 @@ static const char kSynopsis[] =
 int cn_cmd_make_model(int argc, char **argv) {
     const char *preset = NULL, *out = NULL, *dtype = "bf16";
     uint64_t seed = 0, shard_mb = 0;
-    int no_mtp = 0, layers = 0;
+    int no_mtp = 0, layers = -1; /* -1: not given, so an explicit 0 can be refused */
     cn_flag flags[] = {
         {"preset", CN_FLAG_STR, &preset, "NAME", CN_SYNTH_PRESETS, 1, 0},
         {"out", CN_FLAG_STR, &out, "DIR", "model directory to write (created if missing)", 1, 0},
@@ -39,7 +39,7 @@ int cn_cmd_make_model(int argc, char **argv) {
     o.preset = preset;
     o.seed = seed;
     o.mtp = !no_mtp;
-    o.layers = layers;
+    o.layers = layers < 0 ? 0 : layers;
     o.shard_bytes = shard_mb << 20;
     if (!strcmp(dtype, "bf16")) o.dtype = CN_BF16;
     else if (!strcmp(dtype, "f32")) o.dtype = CN_F32;
@@ -57,8 +57,8 @@ int cn_cmd_make_model(int argc, char **argv) {
     cn_err err;
     cn_err_clear(&err);
     cn_synth_info info;
-    if (cn_synth_describe(&o, &info, &err) != 0 || (layers == 0 && flags[4].seen)) {
-        if (!err.msg[0]) snprintf(err.msg, sizeof err.msg, "--layers must be at least 1");
+    if (layers == 0 || cn_synth_describe(&o, &info, &err) != 0) {
+        if (layers == 0) snprintf(err.msg, sizeof err.msg, "--layers must be at least 1");
         fprintf(stderr, "cairn: %s\n", err.msg);
         cn_flags_usage(flags, kSynopsis, stderr);
         return 2;

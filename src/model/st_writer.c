@@ -373,15 +373,23 @@ static int write_index(const char *dir, const cn_st_writer *w, char **names, cn_
     return rc;
 }
 
+static int oom_error(cn_err *err, const char *dir) {
+    return cn_err_set(err, CN_ENOMEM, "%s: out of memory writing safetensors", dir);
+}
+
 int cn_st_writer_write(cn_st_writer *w, const char *dir, uint64_t max_shard_bytes,
                        cn_st_fill_fn fill, void *ctx, cn_err *err) {
     int rc = CN_OK, nshards = cn_st_writer_plan(w, max_shard_bytes), written = 0;
+    char *other = NULL; /* the other layout's top-level file, removed on success */
     int *idx = malloc((w->n > 0 ? (size_t)w->n : 1) * sizeof *idx);
     unsigned char *buf = malloc(CN_ST_CHUNK);
     char **names = calloc((size_t)nshards, sizeof *names);
     char **finals = calloc((size_t)nshards, sizeof *finals);
     char **tmps = calloc((size_t)nshards, sizeof *tmps);
-    if (!idx || !buf || !names || !finals || !tmps) goto oom;
+    if (!idx || !buf || !names || !finals || !tmps) {
+        rc = oom_error(err, dir);
+        goto done;
+    }
     for (int s = 0; s < nshards; s++) {
         char name[64];
         if (nshards == 1) snprintf(name, sizeof name, "model.safetensors");
@@ -389,12 +397,18 @@ int cn_st_writer_write(cn_st_writer *w, const char *dir, uint64_t max_shard_byte
         names[s] = strdup(name);
         finals[s] = path_join(dir, name, "");
         tmps[s] = path_join(dir, name, ".tmp");
-        if (!names[s] || !finals[s] || !tmps[s]) goto oom;
+        if (!names[s] || !finals[s] || !tmps[s]) {
+            rc = oom_error(err, dir);
+            goto done;
+        }
     }
     shard_walk(w->t, w->n, max_shard_bytes, idx);
     for (int i = 0; i < w->n; i++) w->t[i].shard = idx[i];
     for (int i = 0; i < w->n; i++) idx[i] = i;
-    if (sort_order(w->t, idx, w->n) != CN_OK) goto oom;
+    if (sort_order(w->t, idx, w->n) != CN_OK) {
+        rc = oom_error(err, dir);
+        goto done;
+    }
 
     for (int s = 0, k = 0; s < nshards; s++) {
         int k0 = k;
@@ -411,15 +425,15 @@ int cn_st_writer_write(cn_st_writer *w, const char *dir, uint64_t max_shard_byte
         }
     }
     written = 0;
-    char *other = path_join(dir, nshards > 1 ? "model.safetensors" : "model.safetensors.index.json", "");
-    if (!other) goto oom;
+    other = path_join(dir, nshards > 1 ? "model.safetensors" : "model.safetensors.index.json", "");
+    if (!other) {
+        rc = oom_error(err, dir);
+        goto done;
+    }
     if (nshards > 1) rc = write_index(dir, w, names, err);
     if (rc == CN_OK) unlink(other); /* invariant (4); absent is fine */
-    free(other);
-    goto done;
-oom:
-    rc = cn_err_set(err, CN_ENOMEM, "%s: out of memory writing safetensors", dir);
 done:
+    free(other);
     for (int s = 0; s < written; s++) unlink(tmps[s]);
     for (int s = 0; s < nshards && names; s++) free(names[s]);
     for (int s = 0; s < nshards && finals; s++) free(finals[s]);
