@@ -44,7 +44,8 @@ static const synth_shape kPresets[] = {
      128, 2.5f},
     /* small: ~100M for CPU prefill benchmarks; 16 layers (7 M, 6 E, 2 *, 1 -), d_inner 1024,
      * conv_dim 1536, in_proj 2576. 102,986,256 parameters without MTP (33.6M of them embedding +
-     * lm_head, about 27M active per token); the MTP block adds 10,111,520 (113,097,776 in all). */
+     * lm_head; 25.4M of the rest active per token); the MTP block adds 10,111,520 (113,097,776
+     * in all). */
     {"small", "MEM*EMEM-EMEM*EM", 512, 32768, 8192,
      8, 2, 64,
      16, 64, 4, 64, 4, 128,
