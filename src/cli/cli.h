@@ -11,6 +11,9 @@ typedef struct cn_cli_command {
     int (*run)(int argc, char **argv);
 } cn_cli_command;
 
+/* `cairn make-model`: writes a synthetic NemotronH checkpoint (cmd_make_model.c). */
+int cn_cmd_make_model(int argc, char **argv);
+
 /* NULL-terminated table, defined in commands.c. */
 extern const cn_cli_command cn_cli_commands[];
 
