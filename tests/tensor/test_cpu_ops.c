@@ -48,10 +48,15 @@ static float rng_unif(rng *r, float lo, float hi) {
 
 static int rng_int(rng *r, int n) { return (int)(rng_next(r) % (uint64_t)n); }
 
-static cn_backend *backend(int n_threads, int scalar) {
-    if (scalar) setenv("CAIRN_CPU_SCALAR", "1", 1);
+/* isa: 0 = the best the CPU has, 1 = forced scalar, 2 = capped at AVX2. */
+enum { ISA_BEST, ISA_SCALAR, ISA_AVX2, N_ISA };
+
+static cn_backend *backend(int n_threads, int isa) {
+    if (isa == ISA_SCALAR) setenv("CAIRN_CPU_SCALAR", "1", 1);
+    if (isa == ISA_AVX2) setenv("CAIRN_CPU_ISA", "avx2", 1);
     cn_backend *b = cn_cpu_backend_create(n_threads);
-    if (scalar) unsetenv("CAIRN_CPU_SCALAR");
+    unsetenv("CAIRN_CPU_SCALAR");
+    unsetenv("CAIRN_CPU_ISA");
     assert_non_null(b);
     assert_string_equal(cn_backend_name(b), "cpu");
     return b;
@@ -241,8 +246,8 @@ static void test_matmul_all_dtypes_and_odd_sizes(void **state) {
                                         {4, 16, 256}, {3, 5, 16},   {2, 9, 8},   {1, 1, 300},
                                         {6, 3, 31}};
     rng r = {1};
-    for (int scalar = 0; scalar <= 1; scalar++) {
-        cn_backend *b = backend(2, scalar);
+    for (int isa = 0; isa < N_ISA; isa++) {
+        cn_backend *b = backend(2, isa);
         for (int d = 0; d < N_WDTYPES; d++)
             for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
                 check_matmul(b, &r, k_wdtypes[d], shapes[s][0], shapes[s][1], shapes[s][2]);
@@ -253,36 +258,36 @@ static void test_matmul_all_dtypes_and_odd_sizes(void **state) {
 static void test_matmul_simd_matches_scalar_and_threads_agree(void **state) {
     (void)state;
     rng r = {2};
-    cn_backend *simd1 = backend(1, 0), *simd3 = backend(3, 0);
-    cn_backend *sc1 = backend(1, 1), *sc3 = backend(3, 1);
+    /* pairs of (1 thread, 3 threads) for best, scalar and AVX2 */
+    cn_backend *bs[6];
+    for (int i = 0; i < 6; i++) bs[i] = backend(i % 2 ? 3 : 1, i / 2);
     for (int d = 0; d < N_WDTYPES; d++) {
         const int64_t T = 13, N = 45, K = 301;
         weight w = weight_rand(&r, k_wdtypes[d], N, K, 0, 1.5f);
         view x = view_rand(&r, T, K, 4, -1, 1);
-        view y[4] = {view_make(T, N, 1), view_make(T, N, 1), view_make(T, N, 1), view_make(T, N, 1)};
-        cn_backend *bs[4] = {simd1, simd3, sc1, sc3};
-        for (int i = 0; i < 4; i++) assert_int_equal(cn_op_matmul(bs[i], &y[i].t, &w.t, &x.t), 0);
-        assert_true(views_equal(&y[0], &y[1])); /* 1 vs 3 threads: bit-identical */
-        assert_true(views_equal(&y[2], &y[3]));
+        view y[6];
+        for (int i = 0; i < 6; i++) {
+            y[i] = view_make(T, N, 1);
+            assert_int_equal(cn_op_matmul(bs[i], &y[i].t, &w.t, &x.t), CN_OK);
+        }
+        for (int i = 0; i < 6; i += 2) assert_true(views_equal(&y[i], &y[i + 1])); /* bit-identical */
         float *ys = view_get(&y[2]);
         double *yd = malloc((size_t)(T * N) * sizeof(double));
         for (int64_t i = 0; i < T * N; i++) yd[i] = ys[i];
-        expect_view_close("matmul simd vs scalar", &y[0], yd, 1e-5);
+        expect_view_close("matmul best vs scalar", &y[0], yd, 1e-5);
+        expect_view_close("matmul avx2 vs scalar", &y[4], yd, 1e-5);
         free(ys);
         free(yd);
-        for (int i = 0; i < 4; i++) view_free(&y[i]);
+        for (int i = 0; i < 6; i++) view_free(&y[i]);
         view_free(&x);
         weight_free(&w);
     }
-    cn_backend_free(simd1);
-    cn_backend_free(simd3);
-    cn_backend_free(sc1);
-    cn_backend_free(sc3);
+    for (int i = 0; i < 6; i++) cn_backend_free(bs[i]);
 }
 
 static void test_matmul_unsupported_weight(void **state) {
     (void)state;
-    cn_backend *b = backend(1, 0);
+    cn_backend *b = backend(1, ISA_BEST);
     assert_true(cn_backend_supports_weight(b, CN_F32));
     assert_true(cn_backend_supports_weight(b, CN_BF16));
     assert_true(cn_backend_supports_weight(b, CN_F16));
@@ -337,8 +342,8 @@ static void check_gather(cn_backend *b, rng *r, const cn_dtype *dts, int n_w, in
 
 static void test_matmul_gather(void **state) {
     (void)state;
-    for (int scalar = 0; scalar <= 1; scalar++) {
-        cn_backend *b = backend(2, scalar);
+    for (int isa = 0; isa < N_ISA; isa++) {
+        cn_backend *b = backend(2, isa);
         rng r = {3};
         for (int d = 0; d < N_WDTYPES; d++) {
             cn_dtype dts[5] = {k_wdtypes[d], k_wdtypes[d], k_wdtypes[d], k_wdtypes[d], k_wdtypes[d]};
@@ -355,7 +360,7 @@ static void test_matmul_gather(void **state) {
 
 static void test_matmul_gather_threads_agree_and_bad_ids(void **state) {
     (void)state;
-    cn_backend *b1 = backend(1, 0), *b3 = backend(3, 0);
+    cn_backend *b1 = backend(1, ISA_BEST), *b3 = backend(3, ISA_BEST);
     cn_dtype dts[6] = {CN_BF16, CN_BF16, CN_BF16, CN_BF16, CN_BF16, CN_BF16};
     view y1, y3;
     rng r1 = {4}, r3 = {4};
@@ -388,7 +393,7 @@ static void test_matmul_gather_threads_agree_and_bad_ids(void **state) {
 
 static void test_get_rows(void **state) {
     (void)state;
-    cn_backend *b = backend(2, 0);
+    cn_backend *b = backend(2, ISA_BEST);
     rng r = {6};
     for (int d = 0; d < N_WDTYPES; d++) {
         const int64_t V = 11, H = 37;
@@ -417,7 +422,7 @@ static void test_get_rows(void **state) {
 
 static void test_rmsnorm(void **state) {
     (void)state;
-    cn_backend *b = backend(3, 0);
+    cn_backend *b = backend(3, ISA_BEST);
     rng r = {7};
     const int64_t T = 3, C = 75;
     const float eps = 1e-5f;
@@ -450,7 +455,7 @@ static void test_rmsnorm(void **state) {
 
 static void test_gated_rmsnorm(void **state) {
     (void)state;
-    cn_backend *b = backend(3, 0);
+    cn_backend *b = backend(3, ISA_BEST);
     rng r = {8};
     const int64_t T = 3, C = 48, G = 16;
     const float eps = 1e-5f;
@@ -490,7 +495,7 @@ static void test_gated_rmsnorm(void **state) {
 
 static void test_conv1d_reference_and_split(void **state) {
     (void)state;
-    cn_backend *b = backend(3, 0);
+    cn_backend *b = backend(3, ISA_BEST);
     rng r = {9};
     const int64_t T = 9, C = 70, K = 4;
     view x = view_rand(&r, T, C, 3, -1, 1);
@@ -596,7 +601,7 @@ static int ssm_run(cn_backend *b, ssm_case *s, view *y, float *state, int t0, in
 
 static void test_ssm_scan_reference(void **state) {
     (void)state;
-    cn_backend *b = backend(3, 0);
+    cn_backend *b = backend(3, ISA_BEST);
     rng r = {10};
     ssm_case s;
     ssm_case_init(&s, &r, 4, 3, 2, 21, 9);
@@ -656,7 +661,7 @@ static void test_ssm_scan_reference(void **state) {
 
 static void test_ssm_scan_threads_and_scalar(void **state) {
     (void)state;
-    cn_backend *bs[3] = {backend(1, 0), backend(3, 0), backend(1, 1)};
+    cn_backend *bs[3] = {backend(1, ISA_BEST), backend(3, ISA_BEST), backend(1, ISA_SCALAR)};
     rng r = {11};
     ssm_case s;
     ssm_case_init(&s, &r, 8, 16, 2, 32, 8);
@@ -769,8 +774,8 @@ static void check_attention(cn_backend *b, rng *r, cn_dtype dt, int T, int n_pas
 
 static void test_attention(void **state) {
     (void)state;
-    for (int scalar = 0; scalar <= 1; scalar++) {
-        cn_backend *b = backend(2, scalar);
+    for (int isa = 0; isa < N_ISA; isa++) {
+        cn_backend *b = backend(2, isa);
         rng r = {12};
         check_attention(b, &r, CN_F32, 5, 7, 4, 2, 19, 1, NULL);    /* GQA, prefill after a past */
         check_attention(b, &r, CN_F32, 1, 11, 4, 2, 19, 1, NULL);   /* decode */
@@ -784,7 +789,7 @@ static void test_attention(void **state) {
 
 static void test_attention_threads_agree(void **state) {
     (void)state;
-    cn_backend *b1 = backend(1, 0), *b3 = backend(3, 0);
+    cn_backend *b1 = backend(1, ISA_BEST), *b3 = backend(3, ISA_BEST);
     rng r1 = {13}, r3 = {13};
     view y1, y3;
     check_attention(b1, &r1, CN_F32, 16, 32, 8, 2, 64, 1, &y1);
@@ -871,7 +876,7 @@ static void check_route(cn_backend *b, const float *logits, const float *bias, i
 
 static void test_moe_route(void **state) {
     (void)state;
-    cn_backend *b = backend(2, 0);
+    cn_backend *b = backend(2, ISA_BEST);
     rng r = {14};
     float logits[16 * 12], bias[12];
     for (int i = 0; i < 16 * 12; i++) logits[i] = rng_unif(&r, -4, 4);
@@ -924,7 +929,7 @@ static void test_moe_route(void **state) {
 
 static void test_moe_combine(void **state) {
     (void)state;
-    cn_backend *b = backend(3, 0);
+    cn_backend *b = backend(3, ISA_BEST);
     rng r = {15};
     const int64_t T = 3, k = 4, H = 37;
     view rows = view_rand(&r, T * k, H, 3, -1, 1), w = view_rand(&r, T, k, 1, 0, 1);
@@ -948,7 +953,7 @@ static void test_moe_combine(void **state) {
 
 static void test_elementwise(void **state) {
     (void)state;
-    cn_backend *b = backend(3, 0);
+    cn_backend *b = backend(3, ISA_BEST);
     rng r = {16};
     const int64_t T = 4, C = 33;
     view a = view_rand(&r, T, C, 2, -10, 10), c = view_rand(&r, T, C, 3, -2, 2);
@@ -1003,7 +1008,7 @@ static void test_elementwise(void **state) {
 
 static void test_memory_alloc_transfer_copy(void **state) {
     (void)state;
-    cn_backend *b = backend(2, 0);
+    cn_backend *b = backend(2, ISA_BEST);
     cn_tensor t = cn_tensor_2d(CN_F32, 5, 7, NULL);
     t.stride[0] = 99; /* alloc makes the descriptor contiguous */
     assert_int_equal(cn_backend_alloc(b, &t), CN_OK);

@@ -1,13 +1,14 @@
 /* cpu_backend.c - creation of the CPU backend, its memory (64-byte aligned host buffers), transfers
  * and conversions, and the iface table; the ops live in the other cpu_*.c files.
  *
- * Promises: the SIMD level is decided once here (CPU features, or CAIRN_CPU_SCALAR=1 to force the
- * scalar reference) and never changes for the backend's life; weights are used in place (weight()
- * has nothing to do); every function leaves its outputs untouched when it fails.
+ * Promises: the SIMD level is decided once here and never changes for the backend's life: the best
+ * the CPU has, capped by CAIRN_CPU_SCALAR=1 (scalar reference) or CAIRN_CPU_ISA=scalar|avx2|avx512
+ * (so tests reach every path on any machine; a cap never enables what the CPU lacks). Weights are
+ * used in place (weight() has nothing to do); every function leaves its outputs untouched when it
+ * fails.
  */
 #include "tensor/cpu/cpu_backend.h"
 
-#include <cpuid.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -47,6 +48,9 @@ void cpu_parallel(cpu_ctx *c, int n, int64_t work, cn_pool_fn fn, void *arg) {
     cn_pool_for(c->pool, n, 1, fn, arg);
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+
 /* AVX2 also needs F16C, which __builtin_cpu_supports cannot name under clang: ask cpuid. */
 static int has_f16c(void) {
     unsigned a, b, c, d;
@@ -57,13 +61,22 @@ static int has_f16c(void) {
 static int pick_isa(void) {
     const char *env = getenv("CAIRN_CPU_SCALAR");
     if (env && env[0] && strcmp(env, "0") != 0) return CPU_ISA_SCALAR;
+    int cap = CPU_ISA_AVX512;
+    env = getenv("CAIRN_CPU_ISA");
+    if (env && !strcmp(env, "scalar")) cap = CPU_ISA_SCALAR;
+    if (env && !strcmp(env, "avx2")) cap = CPU_ISA_AVX2;
     __builtin_cpu_init();
-    if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma") || !has_f16c())
-        return CPU_ISA_SCALAR;
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"))
-        return CPU_ISA_AVX512;
-    return CPU_ISA_AVX2;
+    int isa = CPU_ISA_SCALAR;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && has_f16c()) {
+        isa = CPU_ISA_AVX2;
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw"))
+            isa = CPU_ISA_AVX512;
+    }
+    return isa < cap ? isa : cap;
 }
+#else
+static int pick_isa(void) { return CPU_ISA_SCALAR; }
+#endif
 
 /* ---- iface: lifetime and memory ---- */
 

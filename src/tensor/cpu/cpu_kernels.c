@@ -15,7 +15,6 @@
  *      (exponent bias 15 vs 7, subnormals included); NaN codes (0x7f, 0xff) are not preserved,
  *      weights never hold them. The scalar path and tails use the 256-entry table.
  */
-#include <immintrin.h>
 #include <stdint.h>
 
 #include "base/fp.h"
@@ -37,30 +36,64 @@ float cpu_wvalue(const cpu_wmat *w, const char *row, int64_t k) {
     return sc_load(w->dtype, row, k, w->lut);
 }
 
-/* One weight row decoded once per k and used for all R rows. */
-static inline __attribute__((always_inline)) void sc_tile_body(int dt, const cpu_wmat *w,
-                                                               const float *const *xr,
-                                                               float *const *yr, int R,
-                                                               int64_t n0, int64_t n1) {
-    const int64_t K = w->K;
-    for (int64_t n = n0; n < n1; n++) {
-        const char *row = w->data + n * w->stride;
-        float acc[CPU_MM_ROWS] = {0};
-        for (int64_t k = 0; k < K; k++) {
-            float wv = sc_load(dt, row, k, w->lut);
-            for (int r = 0; r < R; r++) acc[r] += wv * xr[r][k];
+/* Outputs (r < R, n + j for j < NR): each weight value decoded once per k and used for all R rows;
+ * R * NR independent sums keep the FPU busy. One sum per output, k upward (invariant 1). */
+static inline __attribute__((always_inline)) void sc_block(int dt, int R, int NR,
+                                                           const cpu_wmat *w,
+                                                           const float *const *xr,
+                                                           float *const *yr, int64_t n) {
+    const char *wr[4];
+    float acc[CPU_MM_ROWS][4];
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; j++) wr[j] = w->data + (n + j) * w->stride;
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) acc[r][j] = 0.0f;
+    for (int64_t k = 0; k < w->K; k++) {
+        float wv[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) wv[j] = sc_load(dt, wr[j], k, w->lut);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const float xv = xr[r][k];
+#pragma GCC unroll 4
+            for (int j = 0; j < NR; j++) acc[r][j] += wv[j] * xv;
         }
-        for (int r = 0; r < R; r++) yr[r][n] = acc[r] * w->scale;
     }
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < NR; j++) yr[r][n + j] = acc[r][j] * w->scale;
+}
+
+static inline __attribute__((always_inline)) void sc_tile_dt(int dt, const cpu_wmat *w,
+                                                             const float *const *xr,
+                                                             float *const *yr, int R, int64_t n0,
+                                                             int64_t n1) {
+    int64_t n = n0;
+    switch (R) {
+    case 4:
+        for (; n + 2 <= n1; n += 2) sc_block(dt, 4, 2, w, xr, yr, n);
+        break;
+    case 3:
+        for (; n + 2 <= n1; n += 2) sc_block(dt, 3, 2, w, xr, yr, n);
+        break;
+    case 2:
+        for (; n + 4 <= n1; n += 4) sc_block(dt, 2, 4, w, xr, yr, n);
+        break;
+    default:
+        for (; n + 4 <= n1; n += 4) sc_block(dt, 1, 4, w, xr, yr, n);
+        break;
+    }
+    for (; n < n1; n++) sc_block(dt, R, 1, w, xr, yr, n);
 }
 
 static void sc_tile(const cpu_wmat *w, const float *const *xr, float *const *yr, int R, int64_t n0,
                     int64_t n1) {
     switch (w->dtype) {
-    case CN_BF16: sc_tile_body(CN_BF16, w, xr, yr, R, n0, n1); break;
-    case CN_F16: sc_tile_body(CN_F16, w, xr, yr, R, n0, n1); break;
-    case CN_F8_E4M3: sc_tile_body(CN_F8_E4M3, w, xr, yr, R, n0, n1); break;
-    default: sc_tile_body(CN_F32, w, xr, yr, R, n0, n1); break;
+    case CN_BF16: sc_tile_dt(CN_BF16, w, xr, yr, R, n0, n1); break;
+    case CN_F16: sc_tile_dt(CN_F16, w, xr, yr, R, n0, n1); break;
+    case CN_F8_E4M3: sc_tile_dt(CN_F8_E4M3, w, xr, yr, R, n0, n1); break;
+    default: sc_tile_dt(CN_F32, w, xr, yr, R, n0, n1); break;
     }
 }
 
@@ -82,6 +115,9 @@ void cpu_kernels_scalar(cpu_kernels *k) {
 }
 
 /* ---------------------------------------------------------------- AVX2 + FMA + F16C */
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
 
 #define A2_FN __attribute__((target("avx2,fma,f16c")))
 #define A2_IN static inline __attribute__((always_inline, target("avx2,fma,f16c")))
@@ -361,3 +397,10 @@ void cpu_kernels_avx512(cpu_kernels *k) {
     cpu_kernels_avx2(k);
     k->mm_tile = a5_tile;
 }
+
+#else /* not x86: the SIMD tables are the scalar one (cpu_backend.c never picks them anyway) */
+
+void cpu_kernels_avx2(cpu_kernels *k) { cpu_kernels_scalar(k); }
+void cpu_kernels_avx512(cpu_kernels *k) { cpu_kernels_scalar(k); }
+
+#endif
