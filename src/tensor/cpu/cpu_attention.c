@@ -1,0 +1,96 @@
+/* cpu_attention.c - causal GQA attention without positional encoding on the CPU.
+ *
+ * Promises: a one-pass (online) softmax that subtracts the running maximum before every exp, so no
+ * score overflows; the normaliser is summed in double, the weighted values in fp32 straight into
+ * out (no scratch). Keys and values may be F32, BF16, F16 or F8_E4M3 rows (a compact KV cache).
+ * Work is split over (query, kv head, block of query heads): the heads of one block share each
+ * key/value row while it is in cache. Results do not depend on the thread count.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "tensor/cpu/cpu_impl.h"
+
+#define ATT_HB 4 /* query heads per task (they share a kv head) */
+
+typedef struct att_job {
+    const cpu_ctx *c;
+    const cn_tensor *out, *q, *kc, *vc;
+    cpu_wmat km, vm; /* row views of the caches, K = head_dim */
+    int n_past, n_kv, group, n_sub;
+    int64_t Dh;
+    float scale;
+} att_job;
+
+static void att_task(void *arg, int begin, int end) {
+    const att_job *j = arg;
+    const cpu_kernels *kern = &j->c->kern;
+    const int64_t Dh = j->Dh;
+    for (int i = begin; i < end; i++) {
+        int per_t = j->n_kv * j->n_sub;
+        int t = i / per_t, kvh = (i % per_t) / j->n_sub, sub = i % j->n_sub;
+        int h0 = kvh * j->group + sub * ATT_HB;
+        int hb = j->group - sub * ATT_HB < ATT_HB ? j->group - sub * ATT_HB : ATT_HB;
+        const float *qrow = cpu_row(j->q, t);
+        float *orow = cpu_row(j->out, t);
+        float m[ATT_HB];
+        double l[ATT_HB];
+        for (int h = 0; h < hb; h++) {
+            m[h] = -INFINITY;
+            l[h] = 0;
+            memset(orow + (h0 + h) * Dh, 0, (size_t)Dh * sizeof(float));
+        }
+        const int64_t n_keys = (int64_t)j->n_past + t + 1; /* causal: positions 0..n_past+t */
+        for (int64_t s = 0; s < n_keys; s++) {
+            const char *krow = (const char *)j->kc->data + s * j->kc->stride[0] +
+                               kvh * Dh * (int64_t)cn_dtype_size(j->kc->dtype);
+            const char *vrow = (const char *)j->vc->data + s * j->vc->stride[0] +
+                               kvh * Dh * (int64_t)cn_dtype_size(j->vc->dtype);
+            for (int h = 0; h < hb; h++) {
+                float *o = orow + (h0 + h) * Dh;
+                float score = kern->dot_w(&j->km, krow, qrow + (h0 + h) * Dh) * j->scale;
+                if (score > m[h]) { /* new maximum: rescale what was summed so far */
+                    float corr = expf(m[h] - score); /* 0 on the first key */
+                    l[h] *= corr;
+                    for (int64_t d = 0; d < Dh; d++) o[d] *= corr;
+                    m[h] = score;
+                }
+                float p = expf(score - m[h]);
+                l[h] += p;
+                kern->axpy_w(&j->vm, p, vrow, o);
+            }
+        }
+        for (int h = 0; h < hb; h++) {
+            float *o = orow + (h0 + h) * Dh;
+            float inv = (float)(1.0 / l[h]);
+            for (int64_t d = 0; d < Dh; d++) o[d] *= inv;
+        }
+    }
+}
+
+static cpu_wmat cache_view(const cpu_ctx *c, const cn_tensor *t, int64_t Dh) {
+    cpu_wmat m = {.data = (const char *)t->data, .stride = t->stride[0], .K = Dh,
+                  .dtype = t->dtype, .scale = t->dtype == CN_F8_E4M3 ? t->scale : 1.0f,
+                  .lut = c->e4m3_lut};
+    return m;
+}
+
+static int cache_dtype_ok(cn_dtype d) {
+    return d == CN_F32 || d == CN_BF16 || d == CN_F16 || d == CN_F8_E4M3;
+}
+
+int cpu_attention(cn_backend *b, cn_tensor *out, const cn_tensor *q, const cn_tensor *kc,
+                  const cn_tensor *vc, int n_past, int n_heads, int n_kv_heads, float scale) {
+    cpu_ctx *c = cpu_ctx_of(b);
+    if (!cache_dtype_ok(kc->dtype) || !cache_dtype_ok(vc->dtype)) return CN_EUNSUPPORTED;
+    const int64_t T = q->shape[0], Dh = q->shape[1] / n_heads;
+    att_job j = {.c = c, .out = out, .q = q, .kc = kc, .vc = vc, .n_past = n_past,
+                 .n_kv = n_kv_heads, .group = n_heads / n_kv_heads, .Dh = Dh, .scale = scale};
+    j.n_sub = (j.group + ATT_HB - 1) / ATT_HB;
+    j.km = cache_view(c, kc, Dh);
+    j.vm = cache_view(c, vc, Dh);
+    int64_t work = T * n_heads * (n_past + T) * Dh * 4;
+    cpu_parallel(c, (int)T * n_kv_heads * j.n_sub, work, att_task, &j);
+    return CN_OK;
+}

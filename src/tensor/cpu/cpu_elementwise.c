@@ -1,0 +1,71 @@
+/* cpu_elementwise.c - add, mul, silu, relu^2 and scale over equal-shaped F32 2D tensors.
+ *
+ * Promises: y may alias an input (each value is read before its own slot is written); rows may be
+ * strided views; rows run in parallel only when the tensor is large enough to pay for it.
+ */
+#include <math.h>
+
+#include "base/error.h"
+#include "tensor/cpu/cpu_impl.h"
+
+enum ew_op { EW_ADD, EW_MUL, EW_SILU, EW_RELU2, EW_SCALE };
+
+typedef struct ew_job {
+    int op;
+    const cn_tensor *y, *a, *c; /* c: second operand of add/mul, else NULL */
+    float s;
+    int64_t C;
+} ew_job;
+
+static void ew_rows(void *arg, int begin, int end) {
+    const ew_job *j = arg;
+    for (int t = begin; t < end; t++) {
+        float *y = cpu_row(j->y, t);
+        const float *a = cpu_row(j->a, t);
+        const float *c = j->c ? cpu_row(j->c, t) : NULL;
+        switch (j->op) {
+        case EW_ADD:
+            for (int64_t i = 0; i < j->C; i++) y[i] = a[i] + c[i];
+            break;
+        case EW_MUL:
+            for (int64_t i = 0; i < j->C; i++) y[i] = a[i] * c[i];
+            break;
+        case EW_SILU:
+            for (int64_t i = 0; i < j->C; i++) y[i] = a[i] / (1.0f + expf(-a[i]));
+            break;
+        case EW_RELU2:
+            for (int64_t i = 0; i < j->C; i++) {
+                float r = a[i] > 0.0f ? a[i] : 0.0f;
+                y[i] = r * r;
+            }
+            break;
+        default:
+            for (int64_t i = 0; i < j->C; i++) y[i] = a[i] * j->s;
+            break;
+        }
+    }
+}
+
+static int ew_run(cn_backend *b, int op, cn_tensor *y, const cn_tensor *a, const cn_tensor *c,
+                  float s) {
+    ew_job j = {.op = op, .y = y, .a = a, .c = c, .s = s, .C = y->shape[1]};
+    int64_t cost = op == EW_SILU ? 16 : 2;
+    cpu_parallel(cpu_ctx_of(b), (int)y->shape[0], y->shape[0] * j.C * cost, ew_rows, &j);
+    return CN_OK;
+}
+
+int cpu_add(cn_backend *b, cn_tensor *y, const cn_tensor *a, const cn_tensor *c) {
+    return ew_run(b, EW_ADD, y, a, c, 0);
+}
+int cpu_mul(cn_backend *b, cn_tensor *y, const cn_tensor *a, const cn_tensor *c) {
+    return ew_run(b, EW_MUL, y, a, c, 0);
+}
+int cpu_silu(cn_backend *b, cn_tensor *y, const cn_tensor *x) {
+    return ew_run(b, EW_SILU, y, x, NULL, 0);
+}
+int cpu_relu2(cn_backend *b, cn_tensor *y, const cn_tensor *x) {
+    return ew_run(b, EW_RELU2, y, x, NULL, 0);
+}
+int cpu_scale(cn_backend *b, cn_tensor *y, const cn_tensor *x, float s) {
+    return ew_run(b, EW_SCALE, y, x, NULL, s);
+}

@@ -1,0 +1,102 @@
+/* cpu_impl.h - private to src/tensor/cpu: the CPU backend's context, its SIMD kernel table and the
+ * op entry points that cpu_backend.c puts in the iface table.
+ *
+ * Invariants:
+ *  (1) Everything in cpu_ctx except `scratch` is written once at creation and read-only after:
+ *      the SIMD choice (isa + kern), the E4M3 lookup table, the pool.
+ *  (2) `scratch` is grown only by the thread that called the op (never inside a pool loop), and
+ *      ops run one at a time per backend (backend.h: callers serialize), so one buffer suffices.
+ *  (3) Every kernel computes each output with the same order of additions whatever the thread
+ *      count or the row grouping, so results do not depend on n_threads.
+ */
+#ifndef CN_CPU_IMPL_H
+#define CN_CPU_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/threadpool.h"
+#include "tensor/backend_impl.h"
+
+enum cpu_isa { CPU_ISA_SCALAR = 0, CPU_ISA_AVX2, CPU_ISA_AVX512 };
+
+/* A weight matrix as the matmul kernels see it: rows of K values of `dtype`. */
+typedef struct cpu_wmat {
+    const char *data;  /* row n starts at data + n * stride */
+    int64_t stride;    /* bytes */
+    int64_t K;         /* values per row */
+    cn_dtype dtype;    /* F32, BF16, F16 or F8_E4M3 */
+    float scale;       /* multiplies every dot product (F8 per-tensor scale; else 1) */
+    const float *lut;  /* E4M3 code -> value, for the scalar path and tails */
+} cpu_wmat;
+
+/* Most x rows one matmul tile takes (each weight row loaded once is used for all of them). */
+#define CPU_MM_ROWS 4
+
+typedef struct cpu_kernels {
+    /* yr[r][n] = scale * dot(w row n, xr[r]) for r < R (1..CPU_MM_ROWS), n in [n0, n1). */
+    void (*mm_tile)(const cpu_wmat *w, const float *const *xr, float *const *yr, int R,
+                    int64_t n0, int64_t n1);
+    /* scale * dot(row, x) over K values (row: one weight/cache row of w's dtype). */
+    float (*dot_w)(const cpu_wmat *w, const char *row, const float *x);
+    /* y[k] += a * scale * row[k] over K values. */
+    void (*axpy_w)(const cpu_wmat *w, float a, const char *row, float *y);
+} cpu_kernels;
+
+typedef struct cpu_ctx {
+    cn_pool *pool;
+    int n_threads;
+    int isa;            /* enum cpu_isa actually used (CAIRN_CPU_SCALAR=1 forces scalar) */
+    cpu_kernels kern;   /* kernels of `isa` */
+    float e4m3_lut[256];
+    void *scratch;      /* invariant 2 */
+    size_t scratch_cap; /* bytes */
+} cpu_ctx;
+
+static inline cpu_ctx *cpu_ctx_of(cn_backend *b) { return (cpu_ctx *)b->ctx; }
+
+/* Returns scratch of at least `bytes` (64-byte aligned, contents undefined), or NULL on ENOMEM.
+ * Valid until the next call. */
+void *cpu_scratch(cpu_ctx *c, size_t bytes);
+
+/* Runs fn over [0, n) on the pool, or inline when the total work is small. `work` is a rough
+ * count of flops or bytes for the whole loop. */
+void cpu_parallel(cpu_ctx *c, int n, int64_t work, cn_pool_fn fn, void *arg);
+
+/* Pointer to the F32 value at (row r, col 0) of a 2D activation. */
+static inline float *cpu_row(const cn_tensor *t, int64_t r) {
+    return (float *)((char *)t->data + r * t->stride[0]);
+}
+
+/* Kernel tables, one per ISA (cpu_matmul.c). */
+void cpu_kernels_scalar(cpu_kernels *k);
+void cpu_kernels_avx2(cpu_kernels *k);
+void cpu_kernels_avx512(cpu_kernels *k);
+
+/* Decodes one weight value of any supported dtype (not scaled). */
+float cpu_wvalue(const cpu_wmat *w, const char *row, int64_t k);
+
+/* ---- ops (iface members) ---- */
+int cpu_matmul(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor *x);
+int cpu_matmul_gather(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, int n_w,
+                      const cn_tensor *x, const cn_tensor *ids);
+int cpu_get_rows(cn_backend *b, cn_tensor *y, const cn_tensor *table, const cn_tensor *ids);
+int cpu_rmsnorm(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w, float eps);
+int cpu_gated_rmsnorm(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *z,
+                      const cn_tensor *w, int group, float eps);
+int cpu_conv1d(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w,
+               const cn_tensor *bias, cn_tensor *state);
+int cpu_ssm_scan(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
+                 const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a, cn_tensor *state);
+int cpu_attention(cn_backend *b, cn_tensor *out, const cn_tensor *q, const cn_tensor *kc,
+                  const cn_tensor *vc, int n_past, int n_heads, int n_kv_heads, float scale);
+int cpu_moe_route(cn_backend *b, cn_tensor *ids, cn_tensor *weights, const cn_tensor *logits,
+                  const cn_tensor *bias, const cn_route_args *a);
+int cpu_moe_combine(cn_backend *b, cn_tensor *y, const cn_tensor *rows, const cn_tensor *weights);
+int cpu_add(cn_backend *b, cn_tensor *y, const cn_tensor *a, const cn_tensor *c);
+int cpu_mul(cn_backend *b, cn_tensor *y, const cn_tensor *a, const cn_tensor *c);
+int cpu_silu(cn_backend *b, cn_tensor *y, const cn_tensor *x);
+int cpu_relu2(cn_backend *b, cn_tensor *y, const cn_tensor *x);
+int cpu_scale(cn_backend *b, cn_tensor *y, const cn_tensor *x, float s);
+
+#endif

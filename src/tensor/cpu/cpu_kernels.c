@@ -1,0 +1,406 @@
+/* cpu_kernels.c - the dot-product kernels under matmul, matmul_gather and attention: a scalar
+ * reference, AVX2+FMA+F16C and AVX-512, each for F32, BF16, F16 and F8_E4M3 weight rows.
+ *
+ * Promises: every ISA's tables are built from plain C plus per-function target attributes, so the
+ * file compiles without -march and only code the CPU supports is ever called (cpu_backend.c picks
+ * the table at run time). Weight values are decoded exactly (bf16/f16/e4m3 -> f32 is lossless), so
+ * SIMD and scalar differ only by the order of the fp32 additions.
+ *
+ * Invariants:
+ *  (1) Inside one ISA, mm_tile computes an output with one vector accumulator walking k upward,
+ *      then a fixed horizontal sum, then the scalar tail k >= K - K % lanes in order, then * scale.
+ *      Tile shape (R rows, NR weight rows) changes only how many outputs run side by side, never
+ *      that order, so results are identical for any grouping of rows or threads.
+ *  (2) E4M3 in SIMD goes through f16 bits: sign << 8 | (code & 0x7f) << 7 is the f16 of value/256
+ *      (exponent bias 15 vs 7, subnormals included); NaN codes (0x7f, 0xff) are not preserved,
+ *      weights never hold them. The scalar path and tails use the 256-entry table.
+ */
+#include <stdint.h>
+
+#include "base/fp.h"
+#include "tensor/cpu/cpu_impl.h"
+
+/* ---------------------------------------------------------------- scalar */
+
+static inline __attribute__((always_inline)) float sc_load(int dt, const char *row, int64_t k,
+                                                           const float *lut) {
+    switch (dt) {
+    case CN_BF16: return cn_bf16_to_f32(((const uint16_t *)row)[k]);
+    case CN_F16: return cn_f16_to_f32(((const uint16_t *)row)[k]);
+    case CN_F8_E4M3: return lut[((const uint8_t *)row)[k]];
+    default: return ((const float *)row)[k];
+    }
+}
+
+float cpu_wvalue(const cpu_wmat *w, const char *row, int64_t k) {
+    return sc_load(w->dtype, row, k, w->lut);
+}
+
+/* Outputs (r < R, n + j for j < NR): each weight value decoded once per k and used for all R rows;
+ * R * NR independent sums keep the FPU busy. One sum per output, k upward (invariant 1). */
+static inline __attribute__((always_inline)) void sc_block(int dt, int R, int NR,
+                                                           const cpu_wmat *w,
+                                                           const float *const *xr,
+                                                           float *const *yr, int64_t n) {
+    const char *wr[4];
+    float acc[CPU_MM_ROWS][4];
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; j++) wr[j] = w->data + (n + j) * w->stride;
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) acc[r][j] = 0.0f;
+    for (int64_t k = 0; k < w->K; k++) {
+        float wv[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) wv[j] = sc_load(dt, wr[j], k, w->lut);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            const float xv = xr[r][k];
+#pragma GCC unroll 4
+            for (int j = 0; j < NR; j++) acc[r][j] += wv[j] * xv;
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < NR; j++) yr[r][n + j] = acc[r][j] * w->scale;
+}
+
+static inline __attribute__((always_inline)) void sc_tile_dt(int dt, const cpu_wmat *w,
+                                                             const float *const *xr,
+                                                             float *const *yr, int R, int64_t n0,
+                                                             int64_t n1) {
+    int64_t n = n0;
+    switch (R) {
+    case 4:
+        for (; n + 2 <= n1; n += 2) sc_block(dt, 4, 2, w, xr, yr, n);
+        break;
+    case 3:
+        for (; n + 2 <= n1; n += 2) sc_block(dt, 3, 2, w, xr, yr, n);
+        break;
+    case 2:
+        for (; n + 4 <= n1; n += 4) sc_block(dt, 2, 4, w, xr, yr, n);
+        break;
+    default:
+        for (; n + 4 <= n1; n += 4) sc_block(dt, 1, 4, w, xr, yr, n);
+        break;
+    }
+    for (; n < n1; n++) sc_block(dt, R, 1, w, xr, yr, n);
+}
+
+static void sc_tile(const cpu_wmat *w, const float *const *xr, float *const *yr, int R, int64_t n0,
+                    int64_t n1) {
+    switch (w->dtype) {
+    case CN_BF16: sc_tile_dt(CN_BF16, w, xr, yr, R, n0, n1); break;
+    case CN_F16: sc_tile_dt(CN_F16, w, xr, yr, R, n0, n1); break;
+    case CN_F8_E4M3: sc_tile_dt(CN_F8_E4M3, w, xr, yr, R, n0, n1); break;
+    default: sc_tile_dt(CN_F32, w, xr, yr, R, n0, n1); break;
+    }
+}
+
+static float sc_dot(const cpu_wmat *w, const char *row, const float *x) {
+    float acc = 0;
+    for (int64_t k = 0; k < w->K; k++) acc += sc_load(w->dtype, row, k, w->lut) * x[k];
+    return acc * w->scale;
+}
+
+static void sc_axpy(const cpu_wmat *w, float a, const char *row, float *y) {
+    a *= w->scale;
+    for (int64_t k = 0; k < w->K; k++) y[k] += a * sc_load(w->dtype, row, k, w->lut);
+}
+
+void cpu_kernels_scalar(cpu_kernels *k) {
+    k->mm_tile = sc_tile;
+    k->dot_w = sc_dot;
+    k->axpy_w = sc_axpy;
+}
+
+/* ---------------------------------------------------------------- AVX2 + FMA + F16C */
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#define A2_FN __attribute__((target("avx2,fma,f16c")))
+#define A2_IN static inline __attribute__((always_inline, target("avx2,fma,f16c")))
+
+/* 8 weights from k on, as f32. */
+A2_IN __m256 a2_load(int dt, const char *row, int64_t k) {
+    switch (dt) {
+    case CN_BF16: {
+        __m128i h = _mm_loadu_si128((const __m128i *)(row + 2 * k));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    case CN_F16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(row + 2 * k)));
+    case CN_F8_E4M3: { /* invariant 2 */
+        __m128i v = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(row + k)));
+        __m128i s = _mm_slli_epi16(_mm_and_si128(v, _mm_set1_epi16(0x80)), 8);
+        __m128i m = _mm_slli_epi16(_mm_and_si128(v, _mm_set1_epi16(0x7f)), 7);
+        return _mm256_mul_ps(_mm256_cvtph_ps(_mm_or_si128(s, m)), _mm256_set1_ps(256.0f));
+    }
+    default: return _mm256_loadu_ps((const float *)row + k);
+    }
+}
+
+A2_IN float a2_hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* Outputs (r < R, n + j for j < NR); R and NR are constants after inlining, so acc stays in
+ * registers (R * NR <= 8 leaves room for the loads among AVX2's 16). */
+A2_IN void a2_block(int dt, int R, int NR, const cpu_wmat *w, const float *const *xr,
+                    float *const *yr, int64_t n) {
+    const int64_t K = w->K, K8 = K & ~(int64_t)7;
+    const char *wr[4];
+    __m256 acc[CPU_MM_ROWS][4];
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; j++) wr[j] = w->data + (n + j) * w->stride;
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) acc[r][j] = _mm256_setzero_ps();
+    for (int64_t k = 0; k < K8; k += 8) {
+        __m256 wv[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) wv[j] = a2_load(dt, wr[j], k);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            __m256 xv = _mm256_loadu_ps(xr[r] + k);
+#pragma GCC unroll 4
+            for (int j = 0; j < NR; j++) acc[r][j] = _mm256_fmadd_ps(wv[j], xv, acc[r][j]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < NR; j++) {
+            float s = a2_hsum(acc[r][j]);
+            for (int64_t k = K8; k < K; k++) s += sc_load(dt, wr[j], k, w->lut) * xr[r][k];
+            yr[r][n + j] = s * w->scale;
+        }
+}
+
+A2_IN void a2_tile_dt(int dt, const cpu_wmat *w, const float *const *xr, float *const *yr, int R,
+                      int64_t n0, int64_t n1) {
+    int64_t n = n0;
+    switch (R) {
+    case 4:
+        for (; n + 2 <= n1; n += 2) a2_block(dt, 4, 2, w, xr, yr, n);
+        for (; n < n1; n++) a2_block(dt, 4, 1, w, xr, yr, n);
+        break;
+    case 3:
+        for (; n + 2 <= n1; n += 2) a2_block(dt, 3, 2, w, xr, yr, n);
+        for (; n < n1; n++) a2_block(dt, 3, 1, w, xr, yr, n);
+        break;
+    case 2:
+        for (; n + 4 <= n1; n += 4) a2_block(dt, 2, 4, w, xr, yr, n);
+        for (; n < n1; n++) a2_block(dt, 2, 1, w, xr, yr, n);
+        break;
+    default:
+        for (; n + 4 <= n1; n += 4) a2_block(dt, 1, 4, w, xr, yr, n);
+        for (; n < n1; n++) a2_block(dt, 1, 1, w, xr, yr, n);
+        break;
+    }
+}
+
+A2_FN static void a2_tile_f32(const cpu_wmat *w, const float *const *xr, float *const *yr, int R,
+                              int64_t n0, int64_t n1) {
+    a2_tile_dt(CN_F32, w, xr, yr, R, n0, n1);
+}
+A2_FN static void a2_tile_bf16(const cpu_wmat *w, const float *const *xr, float *const *yr, int R,
+                               int64_t n0, int64_t n1) {
+    a2_tile_dt(CN_BF16, w, xr, yr, R, n0, n1);
+}
+A2_FN static void a2_tile_f16(const cpu_wmat *w, const float *const *xr, float *const *yr, int R,
+                              int64_t n0, int64_t n1) {
+    a2_tile_dt(CN_F16, w, xr, yr, R, n0, n1);
+}
+A2_FN static void a2_tile_f8(const cpu_wmat *w, const float *const *xr, float *const *yr, int R,
+                             int64_t n0, int64_t n1) {
+    a2_tile_dt(CN_F8_E4M3, w, xr, yr, R, n0, n1);
+}
+
+static void a2_tile(const cpu_wmat *w, const float *const *xr, float *const *yr, int R, int64_t n0,
+                    int64_t n1) {
+    switch (w->dtype) {
+    case CN_BF16: a2_tile_bf16(w, xr, yr, R, n0, n1); break;
+    case CN_F16: a2_tile_f16(w, xr, yr, R, n0, n1); break;
+    case CN_F8_E4M3: a2_tile_f8(w, xr, yr, R, n0, n1); break;
+    default: a2_tile_f32(w, xr, yr, R, n0, n1); break;
+    }
+}
+
+/* Two accumulators: attention rows are short (head_dim), so latency matters more than order. */
+A2_IN float a2_dot_dt(int dt, const cpu_wmat *w, const char *row, const float *x) {
+    const int64_t K = w->K;
+    __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16) {
+        a0 = _mm256_fmadd_ps(a2_load(dt, row, k), _mm256_loadu_ps(x + k), a0);
+        a1 = _mm256_fmadd_ps(a2_load(dt, row, k + 8), _mm256_loadu_ps(x + k + 8), a1);
+    }
+    for (; k + 8 <= K; k += 8) a0 = _mm256_fmadd_ps(a2_load(dt, row, k), _mm256_loadu_ps(x + k), a0);
+    float s = a2_hsum(_mm256_add_ps(a0, a1));
+    for (; k < K; k++) s += sc_load(dt, row, k, w->lut) * x[k];
+    return s * w->scale;
+}
+
+A2_IN void a2_axpy_dt(int dt, const cpu_wmat *w, float a, const char *row, float *y) {
+    const int64_t K = w->K;
+    a *= w->scale;
+    __m256 av = _mm256_set1_ps(a);
+    int64_t k = 0;
+    for (; k + 8 <= K; k += 8)
+        _mm256_storeu_ps(y + k, _mm256_fmadd_ps(av, a2_load(dt, row, k), _mm256_loadu_ps(y + k)));
+    for (; k < K; k++) y[k] += a * sc_load(dt, row, k, w->lut);
+}
+
+A2_FN static float a2_dot(const cpu_wmat *w, const char *row, const float *x) {
+    switch (w->dtype) {
+    case CN_BF16: return a2_dot_dt(CN_BF16, w, row, x);
+    case CN_F16: return a2_dot_dt(CN_F16, w, row, x);
+    case CN_F8_E4M3: return a2_dot_dt(CN_F8_E4M3, w, row, x);
+    default: return a2_dot_dt(CN_F32, w, row, x);
+    }
+}
+
+A2_FN static void a2_axpy(const cpu_wmat *w, float a, const char *row, float *y) {
+    switch (w->dtype) {
+    case CN_BF16: a2_axpy_dt(CN_BF16, w, a, row, y); break;
+    case CN_F16: a2_axpy_dt(CN_F16, w, a, row, y); break;
+    case CN_F8_E4M3: a2_axpy_dt(CN_F8_E4M3, w, a, row, y); break;
+    default: a2_axpy_dt(CN_F32, w, a, row, y); break;
+    }
+}
+
+void cpu_kernels_avx2(cpu_kernels *k) {
+    k->mm_tile = a2_tile;
+    k->dot_w = a2_dot;
+    k->axpy_w = a2_axpy;
+}
+
+/* ---------------------------------------------------------------- AVX-512F/BW */
+
+#define A5_FN __attribute__((target("avx512f,avx512bw,avx2,fma,f16c")))
+#define A5_IN static inline __attribute__((always_inline, target("avx512f,avx512bw,avx2,fma,f16c")))
+
+/* 16 weights from k on, as f32. */
+A5_IN __m512 a5_load(int dt, const char *row, int64_t k) {
+    switch (dt) {
+    case CN_BF16: {
+        __m256i h = _mm256_loadu_si256((const __m256i *)(row + 2 * k));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    case CN_F16: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 2 * k)));
+    case CN_F8_E4M3: { /* invariant 2 */
+        __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(row + k)));
+        __m256i s = _mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x80)), 8);
+        __m256i m = _mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x7f)), 7);
+        return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_or_si256(s, m)), _mm512_set1_ps(256.0f));
+    }
+    default: return _mm512_loadu_ps((const float *)row + k);
+    }
+}
+
+/* A fixed pairwise order (not _mm512_reduce_add_ps, whose order is the compiler's choice). */
+A5_IN float a5_hsum(__m512 v) {
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* As a2_block with 16 lanes; 32 registers allow R * NR up to 16. */
+A5_IN void a5_block(int dt, int R, int NR, const cpu_wmat *w, const float *const *xr,
+                    float *const *yr, int64_t n) {
+    const int64_t K = w->K, K16 = K & ~(int64_t)15;
+    const char *wr[4];
+    __m512 acc[CPU_MM_ROWS][4];
+#pragma GCC unroll 4
+    for (int j = 0; j < NR; j++) wr[j] = w->data + (n + j) * w->stride;
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) acc[r][j] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K16; k += 16) {
+        __m512 wv[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++) wv[j] = a5_load(dt, wr[j], k);
+#pragma GCC unroll 4
+        for (int r = 0; r < R; r++) {
+            __m512 xv = _mm512_loadu_ps(xr[r] + k);
+#pragma GCC unroll 4
+            for (int j = 0; j < NR; j++) acc[r][j] = _mm512_fmadd_ps(wv[j], xv, acc[r][j]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < NR; j++) {
+            float s = a5_hsum(acc[r][j]);
+            for (int64_t k = K16; k < K; k++) s += sc_load(dt, wr[j], k, w->lut) * xr[r][k];
+            yr[r][n + j] = s * w->scale;
+        }
+}
+
+A5_IN void a5_tile_dt(int dt, const cpu_wmat *w, const float *const *xr, float *const *yr, int R,
+                      int64_t n0, int64_t n1) {
+    int64_t n = n0;
+    switch (R) {
+    case 4:
+        for (; n + 4 <= n1; n += 4) a5_block(dt, 4, 4, w, xr, yr, n);
+        for (; n < n1; n++) a5_block(dt, 4, 1, w, xr, yr, n);
+        break;
+    case 3:
+        for (; n + 4 <= n1; n += 4) a5_block(dt, 3, 4, w, xr, yr, n);
+        for (; n < n1; n++) a5_block(dt, 3, 1, w, xr, yr, n);
+        break;
+    case 2:
+        for (; n + 4 <= n1; n += 4) a5_block(dt, 2, 4, w, xr, yr, n);
+        for (; n < n1; n++) a5_block(dt, 2, 1, w, xr, yr, n);
+        break;
+    default:
+        for (; n + 4 <= n1; n += 4) a5_block(dt, 1, 4, w, xr, yr, n);
+        for (; n < n1; n++) a5_block(dt, 1, 1, w, xr, yr, n);
+        break;
+    }
+}
+
+A5_FN static void a5_tile_f32(const cpu_wmat *w, const float *const *xr, float *const *yr, int R,
+                              int64_t n0, int64_t n1) {
+    a5_tile_dt(CN_F32, w, xr, yr, R, n0, n1);
+}
+A5_FN static void a5_tile_bf16(const cpu_wmat *w, const float *const *xr, float *const *yr, int R,
+                               int64_t n0, int64_t n1) {
+    a5_tile_dt(CN_BF16, w, xr, yr, R, n0, n1);
+}
+A5_FN static void a5_tile_f16(const cpu_wmat *w, const float *const *xr, float *const *yr, int R,
+                              int64_t n0, int64_t n1) {
+    a5_tile_dt(CN_F16, w, xr, yr, R, n0, n1);
+}
+A5_FN static void a5_tile_f8(const cpu_wmat *w, const float *const *xr, float *const *yr, int R,
+                             int64_t n0, int64_t n1) {
+    a5_tile_dt(CN_F8_E4M3, w, xr, yr, R, n0, n1);
+}
+
+static void a5_tile(const cpu_wmat *w, const float *const *xr, float *const *yr, int R, int64_t n0,
+                    int64_t n1) {
+    switch (w->dtype) {
+    case CN_BF16: a5_tile_bf16(w, xr, yr, R, n0, n1); break;
+    case CN_F16: a5_tile_f16(w, xr, yr, R, n0, n1); break;
+    case CN_F8_E4M3: a5_tile_f8(w, xr, yr, R, n0, n1); break;
+    default: a5_tile_f32(w, xr, yr, R, n0, n1); break;
+    }
+}
+
+void cpu_kernels_avx512(cpu_kernels *k) {
+    /* Short rows (attention's head_dim) gain little from 16 lanes: keep the AVX2 dot/axpy. */
+    cpu_kernels_avx2(k);
+    k->mm_tile = a5_tile;
+}
+
+#else /* not x86: the SIMD tables are the scalar one (cpu_backend.c never picks them anyway) */
+
+void cpu_kernels_avx2(cpu_kernels *k) { cpu_kernels_scalar(k); }
+void cpu_kernels_avx512(cpu_kernels *k) { cpu_kernels_scalar(k); }
+
+#endif

@@ -1,0 +1,177 @@
+/* cpu_matmul.c - y = x W^T (dense and gathered by expert) and embedding lookup on the CPU.
+ *
+ * Promises: each weight block is streamed once per group of up to MM_TB x rows (dense) or once per
+ * call per expert (gathered, up to MM_TB rows at a time), and each weight row once per
+ * CPU_MM_ROWS x rows inside that; work is split over (weight block, row block) tasks that do not
+ * depend on the thread count, so results are bit-identical for any n_threads (cpu_impl.h (3)).
+ * Index tensors are checked before anything is written: an id out of range gives CN_EINVAL.
+ */
+#include <stdint.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "tensor/cpu/cpu_impl.h"
+
+#define MM_NB 16 /* weight rows per task: 16 rows of K <= 4096 bf16 stay in L2 across row groups */
+#define MM_TB 64 /* x rows per task */
+
+static cpu_wmat wmat_of(const cpu_ctx *c, const cn_tensor *w) {
+    cpu_wmat m;
+    m.data = (const char *)w->data;
+    m.stride = w->stride[0];
+    m.K = w->shape[1];
+    m.dtype = w->dtype;
+    m.scale = w->dtype == CN_F8_E4M3 ? w->scale : 1.0f; /* tensor.h (3): others carry 1 */
+    m.lut = c->e4m3_lut;
+    return m;
+}
+
+/* ---- dense ---- */
+
+typedef struct mm_job {
+    const cpu_kernels *kern;
+    cpu_wmat w;
+    const cn_tensor *x, *y;
+    int64_t T, N;
+    int n_tb; /* row blocks */
+} mm_job;
+
+static void mm_task(void *arg, int begin, int end) {
+    const mm_job *j = arg;
+    for (int i = begin; i < end; i++) {
+        /* consecutive tasks share a weight block, so a thread's range reuses it from cache */
+        int64_t nb = i / j->n_tb, tb = i % j->n_tb;
+        int64_t n0 = nb * MM_NB, n1 = n0 + MM_NB < j->N ? n0 + MM_NB : j->N;
+        int64_t t0 = tb * MM_TB, t1 = t0 + MM_TB < j->T ? t0 + MM_TB : j->T;
+        for (int64_t t = t0; t < t1; t += CPU_MM_ROWS) {
+            const float *xr[CPU_MM_ROWS];
+            float *yr[CPU_MM_ROWS];
+            int R = t1 - t < CPU_MM_ROWS ? (int)(t1 - t) : CPU_MM_ROWS;
+            for (int r = 0; r < R; r++) {
+                xr[r] = cpu_row(j->x, t + r);
+                yr[r] = cpu_row(j->y, t + r);
+            }
+            j->kern->mm_tile(&j->w, xr, yr, R, n0, n1);
+        }
+    }
+}
+
+int cpu_matmul(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor *x) {
+    cpu_ctx *c = cpu_ctx_of(b);
+    mm_job j = {.kern = &c->kern, .w = wmat_of(c, w), .x = x, .y = y};
+    j.T = x->shape[0];
+    j.N = w->shape[0];
+    if (j.T == 0 || j.N == 0) return CN_OK;
+    j.n_tb = (int)((j.T + MM_TB - 1) / MM_TB);
+    int n_nb = (int)((j.N + MM_NB - 1) / MM_NB);
+    cpu_parallel(c, n_nb * j.n_tb, j.T * j.N * j.w.K, mm_task, &j);
+    return CN_OK;
+}
+
+/* ---- gathered by expert ---- */
+
+typedef struct gather_seg {
+    int expert;
+    int begin, end; /* positions in `order` */
+} gather_seg;
+
+typedef struct gather_job {
+    const cpu_ctx *c;
+    const cn_tensor *const *w;
+    const cn_tensor *x, *y;
+    int k;           /* ids per token */
+    int x_per_token; /* x has T rows (1) or T*k rows (0) */
+    int64_t N;
+    int n_nb;
+    const int *order; /* output rows sorted by expert, stable */
+    const gather_seg *segs;
+} gather_job;
+
+static void gather_task(void *arg, int begin, int end) {
+    const gather_job *j = arg;
+    for (int i = begin; i < end; i++) {
+        const gather_seg *s = &j->segs[i / j->n_nb];
+        int64_t n0 = (int64_t)(i % j->n_nb) * MM_NB;
+        int64_t n1 = n0 + MM_NB < j->N ? n0 + MM_NB : j->N;
+        cpu_wmat w = wmat_of(j->c, j->w[s->expert]);
+        for (int p = s->begin; p < s->end; p += CPU_MM_ROWS) {
+            const float *xr[CPU_MM_ROWS];
+            float *yr[CPU_MM_ROWS];
+            int R = s->end - p < CPU_MM_ROWS ? s->end - p : CPU_MM_ROWS;
+            for (int r = 0; r < R; r++) {
+                int row = j->order[p + r];
+                xr[r] = cpu_row(j->x, j->x_per_token ? row / j->k : row);
+                yr[r] = cpu_row(j->y, row);
+            }
+            j->c->kern.mm_tile(&w, xr, yr, R, n0, n1);
+        }
+    }
+}
+
+int cpu_matmul_gather(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, int n_w,
+                      const cn_tensor *x, const cn_tensor *ids) {
+    cpu_ctx *c = cpu_ctx_of(b);
+    const int64_t T = ids->shape[0], k = ids->shape[1], rows = T * k;
+    if (rows == 0 || y->shape[1] == 0) return CN_OK;
+    if (rows > INT32_MAX / 4) return CN_EINVAL;
+    /* scratch: count/start [n_w + 1], order [rows], segs [<= rows + n_w] */
+    size_t n_segs_max = (size_t)rows + (size_t)n_w;
+    size_t bytes = ((size_t)n_w + 1 + (size_t)rows) * sizeof(int) + 8 +
+                   n_segs_max * sizeof(gather_seg);
+    char *mem = cpu_scratch(c, bytes);
+    if (!mem) return CN_ENOMEM;
+    int *start = (int *)mem;
+    int *order = start + n_w + 1;
+    gather_seg *segs = (gather_seg *)(((uintptr_t)(order + rows) + 7) & ~(uintptr_t)7);
+
+    /* counting sort of output rows by expert; ids are read row by row (ids may be a view) */
+    memset(start, 0, ((size_t)n_w + 1) * sizeof(int));
+    for (int64_t t = 0; t < T; t++) {
+        const int32_t *id = (const int32_t *)((const char *)ids->data + t * ids->stride[0]);
+        for (int64_t jj = 0; jj < k; jj++) {
+            if (id[jj] < 0 || id[jj] >= n_w) return CN_EINVAL;
+            start[id[jj] + 1]++;
+        }
+    }
+    for (int e = 0; e < n_w; e++) start[e + 1] += start[e];
+    int n_segs = 0;
+    for (int e = 0; e < n_w; e++) /* segments of <= MM_TB rows, in expert order */
+        for (int p = start[e]; p < start[e + 1]; p += MM_TB) {
+            segs[n_segs].expert = e;
+            segs[n_segs].begin = p;
+            segs[n_segs].end = start[e + 1] - p < MM_TB ? start[e + 1] : p + MM_TB;
+            n_segs++;
+        }
+    for (int64_t t = 0; t < T; t++) { /* start[e] becomes the next free slot of expert e */
+        const int32_t *id = (const int32_t *)((const char *)ids->data + t * ids->stride[0]);
+        for (int64_t jj = 0; jj < k; jj++) order[start[id[jj]]++] = (int)(t * k + jj);
+    }
+
+    gather_job j = {.c = c, .w = w, .x = x, .y = y, .k = (int)k, .order = order, .segs = segs};
+    j.x_per_token = x->shape[0] == T; /* with k == 1 both readings agree */
+    j.N = y->shape[1];
+    j.n_nb = (int)((j.N + MM_NB - 1) / MM_NB);
+    cpu_parallel(c, n_segs * j.n_nb, rows * j.N * x->shape[1], gather_task, &j);
+    return CN_OK;
+}
+
+/* ---- embedding lookup ---- */
+
+int cpu_get_rows(cn_backend *b, cn_tensor *y, const cn_tensor *table, const cn_tensor *ids) {
+    cpu_ctx *c = cpu_ctx_of(b);
+    const int64_t T = y->shape[0], H = y->shape[1], V = table->shape[0];
+    const int32_t *id = (const int32_t *)ids->data; /* [T], contiguous */
+    for (int64_t t = 0; t < T; t++)
+        if (id[t] < 0 || id[t] >= V) return CN_EINVAL;
+    cpu_wmat w = wmat_of(c, table);
+    for (int64_t t = 0; t < T; t++) {
+        const char *src = w.data + (int64_t)id[t] * w.stride;
+        float *dst = cpu_row(y, t);
+        if (table->dtype == CN_F32) {
+            memcpy(dst, src, (size_t)H * sizeof(float));
+            continue;
+        }
+        for (int64_t i = 0; i < H; i++) dst[i] = cpu_wvalue(&w, src, i) * w.scale;
+    }
+    return CN_OK;
+}

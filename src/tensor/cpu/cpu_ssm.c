@@ -1,0 +1,119 @@
+/* cpu_ssm.c - Mamba2's causal depthwise conv1d and selective scan on the CPU.
+ *
+ * Promises: the scan is the exact per-token recurrence in fp32 (no chunked SSD), so a scan over T
+ * tokens, T single steps, or any split into segments give bit-identical outputs and states; the
+ * `chunk` hint is ignored. conv1d likewise gives the same result for one call or any split.
+ * Parallel over heads (scan) and channel blocks (conv); each output is computed by one thread in a
+ * fixed order. Never writes outside y and state.
+ */
+#include <math.h>
+
+#include "base/error.h"
+#include "tensor/cpu/cpu_impl.h"
+
+/* ---- conv1d ---- */
+
+#define CONV_CB 64 /* channels per task: one cache line of each row of x, y and state */
+
+typedef struct conv_job {
+    const cn_tensor *y, *x, *w, *state;
+    const float *bias; /* [C] or NULL */
+    int64_t T, C, K;
+} conv_job;
+
+/* in(t, c) for t in [-(K-1), T): state rows hold t < 0, oldest first. */
+static inline float conv_in(const conv_job *j, int64_t t, int64_t c) {
+    return t < 0 ? cpu_row(j->state, j->K - 1 + t)[c] : cpu_row(j->x, t)[c];
+}
+
+static void conv_task(void *arg, int begin, int end) {
+    const conv_job *j = arg;
+    const int64_t K = j->K;
+    for (int blk = begin; blk < end; blk++) {
+        int64_t c0 = (int64_t)blk * CONV_CB, c1 = c0 + CONV_CB < j->C ? c0 + CONV_CB : j->C;
+        for (int64_t t = 0; t < j->T; t++) {
+            float *y = cpu_row(j->y, t);
+            for (int64_t c = c0; c < c1; c++) {
+                const float *w = cpu_row(j->w, c);
+                float acc = j->bias ? j->bias[c] : 0.0f;
+                for (int64_t k = 0; k < K; k++) acc += w[k] * conv_in(j, t - K + 1 + k, c);
+                y[c] = acc;
+            }
+        }
+        /* new state row i = input at time T - (K-1) + i; reading row i + T >= i before it is
+         * overwritten keeps this in place */
+        for (int64_t i = 0; i < K - 1; i++) {
+            float *dst = cpu_row(j->state, i);
+            for (int64_t c = c0; c < c1; c++) dst[c] = conv_in(j, j->T - (K - 1) + i, c);
+        }
+    }
+}
+
+int cpu_conv1d(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w,
+               const cn_tensor *bias, cn_tensor *state) {
+    conv_job j = {.y = y, .x = x, .w = w, .state = state,
+                  .bias = bias ? (const float *)bias->data : NULL,
+                  .T = x->shape[0], .C = x->shape[1], .K = w->shape[1]};
+    int n_blk = (int)((j.C + CONV_CB - 1) / CONV_CB);
+    cpu_parallel(cpu_ctx_of(b), n_blk, j.T * j.C * j.K * 2, conv_task, &j);
+    return CN_OK;
+}
+
+/* ---- selective scan ---- */
+
+typedef struct scan_job {
+    const cpu_ctx *c;
+    const cn_tensor *y, *x, *dt, *B, *C, *state;
+    const cn_ssm_args *a;
+    int64_t T;
+} scan_job;
+
+/* softplus(v) = log(1 + e^v), stable: e^v overflows past ~88 and log1p(e^v) == v in fp32 past 20 */
+static inline float softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
+
+/* State of head h: [P][N] fp32. The state is [H, P*N] (2D, rows possibly strided) or contiguous. */
+static float *head_state(const scan_job *j, int h) {
+    const cn_tensor *s = j->state;
+    if (s->ndim == 2 && s->shape[0] == j->a->n_heads) return cpu_row(s, h);
+    return (float *)s->data + (int64_t)h * j->a->head_dim * j->a->d_state;
+}
+
+static void scan_heads(void *arg, int begin, int end) {
+    const scan_job *j = arg;
+    const cn_ssm_args *a = j->a;
+    const int64_t P = a->head_dim, N = a->d_state;
+    const int heads_per_group = a->n_heads / a->n_groups;
+    cpu_wmat cm = {.stride = 0, .K = N, .dtype = CN_F32, .scale = 1.0f, .lut = j->c->e4m3_lut};
+    for (int h = begin; h < end; h++) {
+        const float A = -expf(((const float *)a->A_log->data)[h]);
+        const float Dh = ((const float *)a->D->data)[h];
+        const float dtb = ((const float *)a->dt_bias->data)[h];
+        const int64_t g = h / heads_per_group;
+        float *S = head_state(j, h);
+        for (int64_t t = 0; t < j->T; t++) {
+            float dtv = softplus(cpu_row(j->dt, t)[h] + dtb);
+            dtv = fminf(fmaxf(dtv, a->dt_min), a->dt_max);
+            const float dA = expf(dtv * A);
+            const float *xh = cpu_row(j->x, t) + h * P;
+            const float *restrict Bg = cpu_row(j->B, t) + g * N;
+            const float *Cg = cpu_row(j->C, t) + g * N;
+            float *yh = cpu_row(j->y, t) + h * P;
+            for (int64_t p = 0; p < P; p++) {
+                const float xv = xh[p], dx = dtv * xv;
+                float *restrict s = S + p * N;
+                for (int64_t n = 0; n < N; n++) s[n] = s[n] * dA + dx * Bg[n];
+                yh[p] = j->c->kern.dot_w(&cm, (const char *)s, Cg) + Dh * xv;
+            }
+        }
+    }
+}
+
+int cpu_ssm_scan(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
+                 const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a, cn_tensor *state) {
+    cpu_ctx *c = cpu_ctx_of(b);
+    scan_job j = {.c = c, .y = y, .x = x, .dt = dt, .B = B, .C = C, .state = state, .a = a,
+                  .T = x->shape[0]};
+    int64_t work = j.T * a->n_heads * a->head_dim * a->d_state * 4;
+    cpu_parallel(c, a->n_heads, work, scan_heads, &j);
+    return CN_OK;
+}
