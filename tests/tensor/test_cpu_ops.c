@@ -661,14 +661,16 @@ static void test_ssm_scan_reference(void **state) {
 
 static void test_ssm_scan_threads_and_scalar(void **state) {
     (void)state;
-    cn_backend *bs[3] = {backend(1, ISA_BEST), backend(3, ISA_BEST), backend(1, ISA_SCALAR)};
+    enum { NB = 4 };
+    cn_backend *bs[NB] = {backend(1, ISA_BEST), backend(3, ISA_BEST), backend(1, ISA_SCALAR),
+                          backend(3, ISA_AVX2)};
     rng r = {11};
     ssm_case s;
-    ssm_case_init(&s, &r, 8, 16, 2, 32, 8);
-    const size_t n = (size_t)8 * 16 * 32;
-    float *st[3];
-    view y[3];
-    for (int i = 0; i < 3; i++) {
+    ssm_case_init(&s, &r, 8, 16, 2, 37, 8);
+    const size_t n = (size_t)8 * 16 * 37;
+    float *st[NB];
+    view y[NB];
+    for (int i = 0; i < NB; i++) {
         st[i] = malloc(n * sizeof(float));
         memcpy(st[i], s.state0, n * sizeof(float));
         y[i] = view_make(s.T, (int64_t)s.H * s.P, 1);
@@ -679,10 +681,11 @@ static void test_ssm_scan_threads_and_scalar(void **state) {
     float *ys = view_get(&y[2]);
     double *yd = malloc((size_t)(y[2].T * y[2].C) * sizeof(double));
     for (int64_t i = 0; i < y[2].T * y[2].C; i++) yd[i] = ys[i];
-    expect_view_close("ssm simd vs scalar", &y[0], yd, 2e-5);
+    expect_view_close("ssm best vs scalar", &y[0], yd, 2e-5);
+    expect_view_close("ssm avx2 vs scalar", &y[3], yd, 2e-5);
     free(ys);
     free(yd);
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < NB; i++) {
         free(st[i]);
         view_free(&y[i]);
         cn_backend_free(bs[i]);
@@ -783,6 +786,7 @@ static void test_attention(void **state) {
         check_attention(b, &r, CN_F32, 3, 2, 12, 2, 16, 1, NULL);   /* group of 6: blocks 4 + 2 */
         check_attention(b, &r, CN_BF16, 4, 5, 4, 1, 33, 1, NULL);   /* bf16 cache, MQA */
         check_attention(b, &r, CN_F32, 4, 9, 2, 1, 24, 400, NULL);  /* scores ~1e3: needs max-sub */
+        check_attention(b, &r, CN_F32, 3, 300, 2, 1, 8, 30, NULL);  /* several key chunks */
         cn_backend_free(b);
     }
 }

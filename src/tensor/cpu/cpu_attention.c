@@ -1,8 +1,8 @@
 /* cpu_attention.c - causal GQA attention without positional encoding on the CPU.
  *
- * Promises: a one-pass (online) softmax that subtracts the running maximum before every exp, so no
- * score overflows; the normaliser is summed in double, the weighted values in fp32 straight into
- * out (no scratch). Keys and values may be F32, BF16, F16 or F8_E4M3 rows (a compact KV cache).
+ * Promises: a one-pass softmax over chunks of ATT_KB keys (flash-attention style) that subtracts the
+ * running maximum before every exp, so no score overflows; the normaliser is summed in double, the
+ * weighted values in fp32 straight into out (scores of one chunk live on the stack). Keys and values may be F32, BF16, F16 or F8_E4M3 rows (a compact KV cache).
  * Work is split over (query, kv head, block of query heads): the heads of one block share each
  * key/value row while it is in cache. Results do not depend on the thread count.
  */
@@ -12,7 +12,8 @@
 #include "base/error.h"
 #include "tensor/cpu/cpu_impl.h"
 
-#define ATT_HB 4 /* query heads per task (they share a kv head) */
+#define ATT_HB 4   /* query heads per task (they share a kv head) */
+#define ATT_KB 128 /* keys per chunk: scores of a chunk fit in L1 */
 
 typedef struct att_job {
     const cpu_ctx *c;
@@ -27,44 +28,52 @@ static void att_task(void *arg, int begin, int end) {
     const att_job *j = arg;
     const cpu_kernels *kern = &j->c->kern;
     const int64_t Dh = j->Dh;
+    const int64_t kw = Dh * (int64_t)cn_dtype_size(j->kc->dtype); /* bytes of one kv head */
+    const int64_t vw = Dh * (int64_t)cn_dtype_size(j->vc->dtype);
+    float p[ATT_HB][ATT_KB]; /* scores, then probabilities, of one chunk of keys */
     for (int i = begin; i < end; i++) {
         int per_t = j->n_kv * j->n_sub;
         int t = i / per_t, kvh = (i % per_t) / j->n_sub, sub = i % j->n_sub;
         int h0 = kvh * j->group + sub * ATT_HB;
         int hb = j->group - sub * ATT_HB < ATT_HB ? j->group - sub * ATT_HB : ATT_HB;
-        const float *qrow = cpu_row(j->q, t);
-        float *orow = cpu_row(j->out, t);
+        const float *qrow = cpu_row(j->q, t) + h0 * Dh;
+        float *orow = cpu_row(j->out, t) + h0 * Dh; /* the hb heads are adjacent */
         float m[ATT_HB];
         double l[ATT_HB];
         for (int h = 0; h < hb; h++) {
             m[h] = -INFINITY;
             l[h] = 0;
-            memset(orow + (h0 + h) * Dh, 0, (size_t)Dh * sizeof(float));
         }
+        memset(orow, 0, (size_t)(hb * Dh) * sizeof(float));
         const int64_t n_keys = (int64_t)j->n_past + t + 1; /* causal: positions 0..n_past+t */
-        for (int64_t s = 0; s < n_keys; s++) {
-            const char *krow = (const char *)j->kc->data + s * j->kc->stride[0] +
-                               kvh * Dh * (int64_t)cn_dtype_size(j->kc->dtype);
-            const char *vrow = (const char *)j->vc->data + s * j->vc->stride[0] +
-                               kvh * Dh * (int64_t)cn_dtype_size(j->vc->dtype);
+        for (int64_t s0 = 0; s0 < n_keys; s0 += ATT_KB) {
+            const int nk = n_keys - s0 < ATT_KB ? (int)(n_keys - s0) : ATT_KB;
+            for (int s = 0; s < nk; s++) {
+                const char *krow = j->km.data + (s0 + s) * j->km.stride + kvh * kw;
+                for (int h = 0; h < hb; h++)
+                    p[h][s] = kern->dot_w(&j->km, krow, qrow + h * Dh) * j->scale;
+            }
             for (int h = 0; h < hb; h++) {
-                float *o = orow + (h0 + h) * Dh;
-                float score = kern->dot_w(&j->km, krow, qrow + (h0 + h) * Dh) * j->scale;
-                if (score > m[h]) { /* new maximum: rescale what was summed so far */
-                    float corr = expf(m[h] - score); /* 0 on the first key */
+                float cm = m[h];
+                for (int s = 0; s < nk; s++) cm = p[h][s] > cm ? p[h][s] : cm;
+                if (cm > m[h]) { /* new maximum: rescale what was summed so far */
+                    float corr = expf(m[h] - cm); /* 0 on the first chunk */
                     l[h] *= corr;
-                    for (int64_t d = 0; d < Dh; d++) o[d] *= corr;
-                    m[h] = score;
+                    for (int64_t d = 0; d < Dh; d++) orow[h * Dh + d] *= corr;
+                    m[h] = cm;
                 }
-                float p = expf(score - m[h]);
-                l[h] += p;
-                kern->axpy_w(&j->vm, p, vrow, o);
+                double sum = 0;
+                for (int s = 0; s < nk; s++) sum += (p[h][s] = expf(p[h][s] - m[h]));
+                l[h] += sum;
+            }
+            for (int s = 0; s < nk; s++) {
+                const char *vrow = j->vm.data + (s0 + s) * j->vm.stride + kvh * vw;
+                for (int h = 0; h < hb; h++) kern->axpy_w(&j->vm, p[h][s], vrow, orow + h * Dh);
             }
         }
         for (int h = 0; h < hb; h++) {
-            float *o = orow + (h0 + h) * Dh;
             float inv = (float)(1.0 / l[h]);
-            for (int64_t d = 0; d < Dh; d++) o[d] *= inv;
+            for (int64_t d = 0; d < Dh; d++) orow[h * Dh + d] *= inv;
         }
     }
 }

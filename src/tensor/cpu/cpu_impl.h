@@ -41,6 +41,8 @@ typedef struct cpu_kernels {
     float (*dot_w)(const cpu_wmat *w, const char *row, const float *x);
     /* y[k] += a * scale * row[k] over K values. */
     void (*axpy_w)(const cpu_wmat *w, float a, const char *row, float *y);
+    /* One row of a Mamba2 state: s[n] = s[n] * dA + dx * B[n] for n < N; returns sum s[n] * C[n]. */
+    float (*ssm_row)(float *s, const float *B, const float *C, float dA, float dx, int64_t N);
 } cpu_kernels;
 
 typedef struct cpu_ctx {

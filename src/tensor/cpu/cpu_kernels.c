@@ -108,10 +108,20 @@ static void sc_axpy(const cpu_wmat *w, float a, const char *row, float *y) {
     for (int64_t k = 0; k < w->K; k++) y[k] += a * sc_load(w->dtype, row, k, w->lut);
 }
 
+static float sc_ssm_row(float *s, const float *B, const float *C, float dA, float dx, int64_t N) {
+    float acc = 0;
+    for (int64_t n = 0; n < N; n++) {
+        s[n] = s[n] * dA + dx * B[n];
+        acc += s[n] * C[n];
+    }
+    return acc;
+}
+
 void cpu_kernels_scalar(cpu_kernels *k) {
     k->mm_tile = sc_tile;
     k->dot_w = sc_dot;
     k->axpy_w = sc_axpy;
+    k->ssm_row = sc_ssm_row;
 }
 
 /* ---------------------------------------------------------------- AVX2 + FMA + F16C */
@@ -272,10 +282,30 @@ A2_FN static void a2_axpy(const cpu_wmat *w, float a, const char *row, float *y)
     }
 }
 
+A2_FN static float a2_ssm_row(float *s, const float *B, const float *C, float dA, float dx,
+                              int64_t N) {
+    const __m256 va = _mm256_set1_ps(dA), vx = _mm256_set1_ps(dx);
+    __m256 acc = _mm256_setzero_ps();
+    int64_t n = 0;
+    for (; n + 8 <= N; n += 8) {
+        __m256 sv = _mm256_fmadd_ps(_mm256_loadu_ps(s + n), va,
+                                    _mm256_mul_ps(vx, _mm256_loadu_ps(B + n)));
+        _mm256_storeu_ps(s + n, sv);
+        acc = _mm256_fmadd_ps(sv, _mm256_loadu_ps(C + n), acc);
+    }
+    float r = a2_hsum(acc);
+    for (; n < N; n++) {
+        s[n] = s[n] * dA + dx * B[n];
+        r += s[n] * C[n];
+    }
+    return r;
+}
+
 void cpu_kernels_avx2(cpu_kernels *k) {
     k->mm_tile = a2_tile;
     k->dot_w = a2_dot;
     k->axpy_w = a2_axpy;
+    k->ssm_row = a2_ssm_row;
 }
 
 /* ---------------------------------------------------------------- AVX-512F/BW */
@@ -392,10 +422,30 @@ static void a5_tile(const cpu_wmat *w, const float *const *xr, float *const *yr,
     }
 }
 
+A5_FN static float a5_ssm_row(float *s, const float *B, const float *C, float dA, float dx,
+                              int64_t N) {
+    const __m512 va = _mm512_set1_ps(dA), vx = _mm512_set1_ps(dx);
+    __m512 acc = _mm512_setzero_ps();
+    int64_t n = 0;
+    for (; n + 16 <= N; n += 16) {
+        __m512 sv = _mm512_fmadd_ps(_mm512_loadu_ps(s + n), va,
+                                    _mm512_mul_ps(vx, _mm512_loadu_ps(B + n)));
+        _mm512_storeu_ps(s + n, sv);
+        acc = _mm512_fmadd_ps(sv, _mm512_loadu_ps(C + n), acc);
+    }
+    float r = a5_hsum(acc);
+    for (; n < N; n++) {
+        s[n] = s[n] * dA + dx * B[n];
+        r += s[n] * C[n];
+    }
+    return r;
+}
+
 void cpu_kernels_avx512(cpu_kernels *k) {
     /* Short rows (attention's head_dim) gain little from 16 lanes: keep the AVX2 dot/axpy. */
     cpu_kernels_avx2(k);
     k->mm_tile = a5_tile;
+    k->ssm_row = a5_ssm_row;
 }
 
 #else /* not x86: the SIMD tables are the scalar one (cpu_backend.c never picks them anyway) */

@@ -83,7 +83,6 @@ static void scan_heads(void *arg, int begin, int end) {
     const cn_ssm_args *a = j->a;
     const int64_t P = a->head_dim, N = a->d_state;
     const int heads_per_group = a->n_heads / a->n_groups;
-    cpu_wmat cm = {.stride = 0, .K = N, .dtype = CN_F32, .scale = 1.0f, .lut = j->c->e4m3_lut};
     for (int h = begin; h < end; h++) {
         const float A = -expf(((const float *)a->A_log->data)[h]);
         const float Dh = ((const float *)a->D->data)[h];
@@ -95,14 +94,12 @@ static void scan_heads(void *arg, int begin, int end) {
             dtv = fminf(fmaxf(dtv, a->dt_min), a->dt_max);
             const float dA = expf(dtv * A);
             const float *xh = cpu_row(j->x, t) + h * P;
-            const float *restrict Bg = cpu_row(j->B, t) + g * N;
+            const float *Bg = cpu_row(j->B, t) + g * N;
             const float *Cg = cpu_row(j->C, t) + g * N;
             float *yh = cpu_row(j->y, t) + h * P;
-            for (int64_t p = 0; p < P; p++) {
-                const float xv = xh[p], dx = dtv * xv;
-                float *restrict s = S + p * N;
-                for (int64_t n = 0; n < N; n++) s[n] = s[n] * dA + dx * Bg[n];
-                yh[p] = j->c->kern.dot_w(&cm, (const char *)s, Cg) + Dh * xv;
+            for (int64_t p = 0; p < P; p++) { /* S = S*dA + dt*x B^T; y = S C + D x */
+                const float xv = xh[p];
+                yh[p] = j->c->kern.ssm_row(S + p * N, Bg, Cg, dA, dtv * xv, N) + Dh * xv;
             }
         }
     }
