@@ -1,4 +1,4 @@
-/* cli.h - the subcommands of `cairn`, each in its own file, and the flag parser they share.
+/* cli.h - the subcommands of `cairn`, each in its own file, and the table that names them.
  *
  * A subcommand is `int run(int argc, char **argv)` with argv[0] its own name; it returns the
  * process exit code (0 ok, 1 runtime error, 2 usage error) and never calls exit().
@@ -11,10 +11,12 @@ typedef struct cn_cli_command {
     int (*run)(int argc, char **argv);
 } cn_cli_command;
 
-/* `cairn make-model`: writes a synthetic NemotronH checkpoint (cmd_make_model.c). */
-int cn_cmd_make_model(int argc, char **argv);
-
 /* NULL-terminated table, defined in commands.c. */
 extern const cn_cli_command cn_cli_commands[];
+
+int cn_cmd_generate(int argc, char **argv);   /* cmd_generate.c */
+int cn_cmd_logits(int argc, char **argv);     /* cmd_logits.c */
+int cn_cmd_make_model(int argc, char **argv); /* cmd_make_model.c */
+int cn_cmd_info(int argc, char **argv);       /* cmd_info.c */
 
 #endif

@@ -4,6 +4,9 @@
 #include <stddef.h>
 
 const cn_cli_command cn_cli_commands[] = {
+    {"generate", cn_cmd_generate},
+    {"logits", cn_cmd_logits},
     {"make-model", cn_cmd_make_model},
+    {"info", cn_cmd_info},
     {NULL, NULL},
 };

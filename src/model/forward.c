@@ -1,0 +1,380 @@
+/* forward.c - the NemotronH forward pass, written against the backend table only.
+ *
+ * Reads like reference/nemotron-architecture.md §2: embeddings, then for every block
+ * h = h + MIXER(RMSNorm(h)), then norm_f and lm_head. Mamba mixers run their conv and scan in
+ * segments that end at the scheduled capture offsets, so a restore point inside a batch costs a
+ * state copy and no extra pass. Nothing here allocates: scratch is sized at open for `ubatch`
+ * tokens and every batch is cut into pieces of at most that many.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/model_impl.h"
+#include "model/state.h"
+
+#define CHECK(expr)                   \
+    do {                              \
+        int rc_ = (expr);             \
+        if (rc_) return rc_;          \
+    } while (0)
+
+static cn_tensor rows(const cn_tensor *t, int n) { return cn_tensor_rows(t, 0, n); }
+
+/* ---- open / close ---------------------------------------------------------------------------- */
+
+static int alloc_f32(cn_backend *b, cn_tensor *t, int64_t r, int64_t c) {
+    *t = cn_tensor_2d(CN_F32, r, c, NULL);
+    return cn_backend_alloc(b, t);
+}
+
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+static int alloc_scratch(cn_model *m) {
+    const cn_config *c = &m->cfg;
+    cn_scratch *s = &m->s;
+    cn_backend *b = m->b;
+    int64_t U = s->ubatch, H = c->hidden_size;
+    int64_t k = c->n_experts_per_tok > 0 ? c->n_experts_per_tok : 1;
+    int64_t E = c->n_routed_experts > 0 ? c->n_routed_experts : 1;
+    int64_t wide = max64(m->in_proj_dim, (int64_t)c->n_heads * c->head_dim);
+    wide = max64(wide, c->intermediate_size);
+    wide = max64(wide, c->moe_shared_intermediate_size);
+    int64_t ywide = max64(m->d_inner, (int64_t)c->n_heads * c->head_dim);
+    s->logit_rows = U < 16 ? (int)U : 16;
+    s->ids = cn_tensor_1d(CN_I32, U, NULL);
+    int rc = cn_backend_alloc(b, &s->ids);
+    if (!rc) rc = alloc_f32(b, &s->x, U, H);
+    if (!rc) rc = alloc_f32(b, &s->xn, U, H);
+    if (!rc) rc = alloc_f32(b, &s->out, U, H);
+    if (!rc) rc = alloc_f32(b, &s->tmp, U, H);
+    if (!rc) rc = alloc_f32(b, &s->proj, U, max64(wide, 1));
+    if (!rc) rc = alloc_f32(b, &s->conv, U, max64(m->conv_dim, 1));
+    if (!rc) rc = alloc_f32(b, &s->y, U, max64(ywide, 1));
+    if (!rc) rc = alloc_f32(b, &s->rlogits, U, E);
+    if (!rc) {
+        s->rids = cn_tensor_2d(CN_I32, U, k, NULL);
+        rc = cn_backend_alloc(b, &s->rids);
+    }
+    if (!rc) rc = alloc_f32(b, &s->rw, U, k);
+    if (!rc) rc = alloc_f32(b, &s->eh, U * k, max64(c->moe_intermediate_size, 1));
+    if (!rc) rc = alloc_f32(b, &s->eo, U * k, H);
+    if (!rc) rc = alloc_f32(b, &s->cat, U, 2 * H);
+    if (!rc) rc = alloc_f32(b, &s->logits, s->logit_rows, c->vocab_size);
+    return rc;
+}
+
+static void free_scratch(cn_model *m) {
+    cn_scratch *s = &m->s;
+    cn_tensor *all[] = {&s->ids, &s->x,  &s->xn, &s->out, &s->tmp, &s->proj, &s->conv, &s->y,
+                        &s->rlogits, &s->rids, &s->rw, &s->eh, &s->eo, &s->cat, &s->logits};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) cn_backend_release(m->b, all[i]);
+}
+
+int cn_model_open(cn_model **out, const char *dir, cn_backend *b, const cn_model_opts *opts,
+                  cn_err *err) {
+    cn_model *m = calloc(1, sizeof *m);
+    if (!m) return cn_err_set(err, CN_ENOMEM, "out of memory");
+    m->b = b;
+    m->s.ubatch = opts && opts->ubatch > 0 ? opts->ubatch : 256;
+    int rc = cn_config_load_dir(&m->cfg, dir, err);
+    if (rc) goto fail;
+    rc = cn_st_open_dir(&m->st, dir, err);
+    if (rc) goto fail;
+    rc = cn_model_bind_weights(m, err);
+    if (rc) goto fail;
+    for (int l = 0; l < m->cfg.n_layers; l++) m->n_mamba += m->cfg.layers[l] == CN_BLOCK_MAMBA;
+    rc = alloc_scratch(m);
+    if (rc) {
+        cn_err_set(err, rc, "cannot allocate scratch for %d tokens: %s", m->s.ubatch, cn_strerror(rc));
+        goto fail;
+    }
+    *out = m;
+    return CN_OK;
+fail:
+    cn_model_close(m);
+    return rc;
+}
+
+void cn_model_close(cn_model *m) {
+    if (!m) return;
+    free_scratch(m);
+    cn_model_unbind_weights(m);
+    if (m->st) cn_st_close(m->st);
+    cn_config_free(&m->cfg);
+    free(m);
+}
+
+const cn_config *cn_model_config(const cn_model *m) { return &m->cfg; }
+cn_backend *cn_model_backend(const cn_model *m) { return m->b; }
+int cn_model_has_mtp(const cn_model *m) { return m->w.has_mtp; }
+
+/* ---- mixers ---------------------------------------------------------------------------------- */
+
+/* A piece of a batch ends at `end` (tokens into the piece); capture >= 0 names the snapshot that
+ * receives the recurrent state there. */
+typedef struct segment {
+    int end;
+    int capture;
+} segment;
+
+/* MAMBA2(xn) -> out, over T tokens cut in segments. */
+static int mamba_mixer(cn_model *m, const cn_mamba_w *w, cn_layer_state *ls, int mamba_idx,
+                       cn_tensor *out, const cn_tensor *xn, int T, const segment *seg, int n_seg,
+                       cn_rsnap *caps) {
+    const cn_config *c = &m->cfg;
+    cn_backend *b = m->b;
+    cn_scratch *s = &m->s;
+    int64_t di = m->d_inner, gn = (int64_t)c->n_groups * c->ssm_state_size;
+    cn_ssm_args a = {
+        .A_log = &w->A_log, .D = &w->D, .dt_bias = &w->dt_bias,
+        .n_heads = c->mamba_n_heads, .head_dim = c->mamba_head_dim, .n_groups = c->n_groups,
+        .d_state = c->ssm_state_size, .chunk = c->chunk_size, .dt_min = c->dt_min, .dt_max = c->dt_max,
+    };
+    cn_tensor zxbcdt = rows(&s->proj, T);
+    zxbcdt.shape[1] = m->in_proj_dim;
+    CHECK(cn_op_matmul(b, &zxbcdt, &w->in_proj, xn));                 /* in_proj */
+    cn_tensor z = cn_tensor_cols(&zxbcdt, 0, di);                      /* gate */
+    cn_tensor xbc = cn_tensor_cols(&zxbcdt, di, m->conv_dim);          /* conv input */
+    cn_tensor dt = cn_tensor_cols(&zxbcdt, di + m->conv_dim, c->mamba_n_heads);
+    cn_tensor conv = rows(&s->conv, T);
+    conv.shape[1] = m->conv_dim;
+    cn_tensor y = rows(&s->y, T);
+    y.shape[1] = di;
+    int start = 0;
+    for (int i = 0; i < n_seg; i++) {
+        int n = seg[i].end - start;
+        if (n > 0) {
+            cn_tensor cx = cn_tensor_rows(&conv, start, n), ix = cn_tensor_rows(&xbc, start, n);
+            CHECK(cn_op_conv1d(b, &cx, &ix, &w->conv_w, w->conv_b.data ? &w->conv_b : NULL, &ls->conv));
+            CHECK(cn_op_silu(b, &cx, &cx));                            /* xBC = silu(conv(xBC)) */
+            cn_tensor xs = cn_tensor_cols(&cx, 0, di);
+            cn_tensor B = cn_tensor_cols(&cx, di, gn), C = cn_tensor_cols(&cx, di + gn, gn);
+            cn_tensor dts = cn_tensor_rows(&dt, start, n), ys = cn_tensor_rows(&y, start, n);
+            if (n == 1) CHECK(cn_op_ssm_step(b, &ys, &xs, &dts, &B, &C, &a, &ls->ssm));
+            else CHECK(cn_op_ssm_scan(b, &ys, &xs, &dts, &B, &C, &a, &ls->ssm)); /* y = SSM + D x */
+        }
+        if (seg[i].capture >= 0) {
+            cn_rsnap *snap = &caps[seg[i].capture];
+            CHECK(cn_backend_copy(b, &snap->conv[mamba_idx], &ls->conv));
+            CHECK(cn_backend_copy(b, &snap->ssm[mamba_idx], &ls->ssm));
+        }
+        start = seg[i].end;
+    }
+    /* gate before the grouped norm: norm(y * silu(z)) * w */
+    CHECK(cn_op_gated_rmsnorm(b, &y, &y, &z, &w->norm, (int)(di / c->n_groups), c->norm_eps));
+    return cn_op_matmul(b, out, &w->out_proj, &y);                    /* out_proj */
+}
+
+/* ATTN(xn) -> out: GQA over the KV cache, no positional encoding. */
+static int attn_mixer(cn_model *m, const cn_attn_w *w, cn_layer_state *ls, int offset,
+                      cn_tensor *out, const cn_tensor *xn, int T) {
+    const cn_config *c = &m->cfg;
+    cn_backend *b = m->b;
+    cn_tensor q = rows(&m->s.proj, T);
+    q.shape[1] = (int64_t)c->n_heads * c->head_dim;
+    cn_tensor kc = cn_tensor_rows(&ls->k, offset, T), vc = cn_tensor_rows(&ls->v, offset, T);
+    CHECK(cn_op_matmul(b, &q, &w->q, xn));
+    CHECK(cn_op_matmul(b, &kc, &w->k, xn));                           /* append to the cache */
+    CHECK(cn_op_matmul(b, &vc, &w->v, xn));
+    cn_tensor att = rows(&m->s.y, T);
+    att.shape[1] = q.shape[1];
+    CHECK(cn_op_attention(b, &att, &q, &ls->k, &ls->v, offset, c->n_heads, c->n_kv_heads,
+                          1.0f / sqrtf((float)c->head_dim)));
+    return cn_op_matmul(b, out, &w->o, &att);
+}
+
+/* MOE(xn) -> out: sigmoid router with correction bias, relu² experts, unscaled shared expert. */
+static int moe_mixer(cn_model *m, const cn_moe_w *w, cn_tensor *out, const cn_tensor *xn, int T) {
+    const cn_config *c = &m->cfg;
+    cn_backend *b = m->b;
+    cn_scratch *s = &m->s;
+    int64_t k = c->n_experts_per_tok;
+    cn_route_args ra = {.top_k = (int)k, .n_group = c->n_group, .topk_group = c->topk_group,
+                        .norm_topk = c->norm_topk_prob, .scaling = c->routed_scaling_factor};
+    cn_tensor rl = rows(&s->rlogits, T), ids = rows(&s->rids, T), rw = rows(&s->rw, T);
+    cn_tensor eh = rows(&s->eh, T * k), eo = rows(&s->eo, T * k);
+    CHECK(cn_op_matmul(b, &rl, &w->gate, xn));                        /* router logits, fp32 */
+    CHECK(cn_op_moe_route(b, &ids, &rw, &rl, w->bias.data ? &w->bias : NULL, &ra));
+    CHECK(cn_op_matmul_gather(b, &eh, w->up_p, c->n_routed_experts, xn, &ids));
+    CHECK(cn_op_relu2(b, &eh, &eh));
+    CHECK(cn_op_matmul_gather(b, &eo, w->down_p, c->n_routed_experts, &eh, &ids));
+    CHECK(cn_op_moe_combine(b, out, &eo, &rw));                       /* sum_j w_j expert_j */
+    if (!w->has_shared) return CN_OK;
+    cn_tensor sh = rows(&s->proj, T), so = rows(&s->tmp, T);
+    sh.shape[1] = c->moe_shared_intermediate_size;
+    CHECK(cn_op_matmul(b, &sh, &w->shared_up, xn));
+    CHECK(cn_op_relu2(b, &sh, &sh));
+    CHECK(cn_op_matmul(b, &so, &w->shared_down, &sh));
+    return cn_op_add(b, out, out, &so);                               /* shared expert, unscaled */
+}
+
+/* MLP(xn) -> out: down(relu(up(xn))^2). */
+static int mlp_mixer(cn_model *m, const cn_mlp_w *w, cn_tensor *out, const cn_tensor *xn, int T) {
+    cn_tensor h = rows(&m->s.proj, T);
+    h.shape[1] = m->cfg.intermediate_size;
+    CHECK(cn_op_matmul(m->b, &h, &w->up, xn));
+    CHECK(cn_op_relu2(m->b, &h, &h));
+    return cn_op_matmul(m->b, out, &w->down, &h);
+}
+
+/* h = h + MIXER(RMSNorm(h)) for every layer of a stack, over T tokens at `offset`. */
+static int run_layers(cn_model *m, const cn_layer_w *layers, cn_state *st, int offset, int T,
+                      const segment *seg, int n_seg, cn_rsnap *caps) {
+    cn_backend *b = m->b;
+    cn_tensor x = rows(&m->s.x, T), xn = rows(&m->s.xn, T), out = rows(&m->s.out, T);
+    int mamba_idx = 0;
+    for (int l = 0; l < st->n_layers; l++) {
+        const cn_layer_w *w = &layers[l];
+        cn_layer_state *ls = &st->layers[l];
+        CHECK(cn_op_rmsnorm(b, &xn, &x, &w->norm, m->cfg.norm_eps));  /* pre-mixer norm */
+        switch (w->type) {
+        case CN_BLOCK_MAMBA:
+            CHECK(mamba_mixer(m, &w->mamba, ls, mamba_idx++, &out, &xn, T, seg, n_seg, caps));
+            break;
+        case CN_BLOCK_ATTN: CHECK(attn_mixer(m, &w->attn, ls, offset, &out, &xn, T)); break;
+        case CN_BLOCK_MOE: CHECK(moe_mixer(m, &w->moe, &out, &xn, T)); break;
+        case CN_BLOCK_MLP: CHECK(mlp_mixer(m, &w->mlp, &out, &xn, T)); break;
+        }
+        CHECK(cn_op_add(b, &x, &x, &out));                            /* residual */
+    }
+    return CN_OK;
+}
+
+/* Final norm and lm_head over rows [r0, r0+n) of x; logits and hidden to host (either optional). */
+static int head(cn_model *m, const cn_tensor *norm, int r0, int n, float *logits, float *hidden) {
+    cn_backend *b = m->b;
+    cn_scratch *s = &m->s;
+    int64_t V = m->cfg.vocab_size, H = m->cfg.hidden_size;
+    cn_tensor x = cn_tensor_rows(&s->x, r0, n), xn = cn_tensor_rows(&s->xn, r0, n);
+    CHECK(cn_op_rmsnorm(b, &xn, &x, norm, m->cfg.norm_eps));
+    if (hidden) CHECK(cn_backend_download(b, hidden, &xn));
+    for (int i = 0; logits && i < n; i += s->logit_rows) {
+        int r = n - i < s->logit_rows ? n - i : s->logit_rows;
+        cn_tensor lg = rows(&s->logits, r), xr = cn_tensor_rows(&xn, i, r);
+        CHECK(cn_op_matmul(b, &lg, &m->w.lm_head, &xr));
+        CHECK(cn_backend_download(b, logits + (size_t)i * V, &lg));
+    }
+    (void)H;
+    return CN_OK;
+}
+
+/* ---- entry points ---------------------------------------------------------------------------- */
+
+static int check_batch(const cn_model *m, const cn_state *st, const cn_batch *bt) {
+    if (!bt || !bt->tokens || bt->n <= 0 || st->mtp) return CN_EINVAL;
+    if ((int64_t)st->offset + bt->n > st->max_ctx) return CN_ECONTEXT;
+    for (int i = 0; i < bt->n; i++)
+        if (bt->tokens[i] < 0 || bt->tokens[i] >= m->cfg.vocab_size) return CN_EINVAL;
+    if (bt->n_capture < 0 || (bt->n_capture > 0 && (!bt->capture_at || !bt->captures))) return CN_EINVAL;
+    for (int i = 0; i < bt->n_capture; i++) {
+        int at = bt->capture_at[i];
+        if (at <= st->offset || at > st->offset + bt->n) return CN_EINVAL;
+        if (i > 0 && at <= bt->capture_at[i - 1]) return CN_EINVAL;
+    }
+    return CN_OK;
+}
+
+static int alloc_captures(cn_state *st, cn_batch *bt) {
+    for (int i = 0; i < bt->n_capture; i++) memset(&bt->captures[i], 0, sizeof bt->captures[i]);
+    for (int i = 0; i < bt->n_capture; i++) {
+        /* A snapshot of the current state has the right shapes; its contents are overwritten. */
+        int rc = cn_state_snapshot(st, &bt->captures[i]);
+        if (rc) return rc;
+        bt->captures[i].offset = bt->capture_at[i];
+    }
+    return CN_OK;
+}
+
+static void free_captures(cn_model *m, cn_batch *bt) {
+    for (int i = 0; i < bt->n_capture; i++) cn_rsnap_free(m, &bt->captures[i]);
+}
+
+int cn_model_forward(cn_model *m, cn_state *st, cn_batch *bt) {
+    int rc = check_batch(m, st, bt);
+    if (rc) return rc;
+    rc = alloc_captures(st, bt);
+    if (rc) {
+        free_captures(m, bt);
+        return rc;
+    }
+    cn_backend *b = m->b;
+    const int U = m->s.ubatch;
+    const int64_t V = m->cfg.vocab_size, H = m->cfg.hidden_size;
+    segment seg[65];
+    int offset = st->offset, next_cap = 0;
+    for (int done = 0; done < bt->n;) {
+        int T = bt->n - done < U ? bt->n - done : U;
+        /* Cut this piece at the captures inside it (at most 64 per piece; more shortens it). */
+        int n_seg = 0;
+        while (next_cap < bt->n_capture && bt->capture_at[next_cap] <= offset + T && n_seg < 64) {
+            seg[n_seg].end = bt->capture_at[next_cap] - offset;
+            seg[n_seg].capture = next_cap++;
+            n_seg++;
+        }
+        if (n_seg == 64) T = seg[63].end;
+        if (n_seg == 0 || seg[n_seg - 1].end < T) seg[n_seg++] = (segment){T, -1};
+        cn_tensor ids = cn_tensor_rows(&m->s.ids, 0, T), x = rows(&m->s.x, T);
+        ids.ndim = 1;
+        if ((rc = cn_backend_upload(b, &m->s.ids, 0, bt->tokens + done, (uint64_t)T * 4))) goto fail;
+        if ((rc = cn_op_get_rows(b, &x, &m->w.embed, &ids))) goto fail;   /* h = embed[tok] */
+        if ((rc = run_layers(m, m->w.layers, st, offset, T, seg, n_seg, bt->captures))) goto fail;
+        if (bt->all_logits) {
+            rc = head(m, &m->w.norm_f, 0, T, bt->logits ? bt->logits + (size_t)done * V : NULL,
+                      bt->hidden ? bt->hidden + (size_t)done * H : NULL);
+        } else if (done + T == bt->n) {
+            rc = head(m, &m->w.norm_f, T - 1, 1, bt->logits, bt->hidden);
+        }
+        if (rc) goto fail;
+        offset += T;
+        done += T;
+    }
+    st->offset = offset;
+    return CN_OK;
+fail:
+    free_captures(m, bt);
+    return rc;
+}
+
+int cn_model_decode(cn_model *m, cn_state *s, int32_t token, float *logits) {
+    cn_batch bt = {.tokens = &token, .n = 1, .logits = logits};
+    return cn_model_forward(m, s, &bt);
+}
+
+int cn_model_verify(cn_model *m, cn_state *s, const int32_t *tokens, int k, float *logits) {
+    cn_batch bt = {.tokens = tokens, .n = k, .all_logits = 1, .logits = logits};
+    return cn_model_forward(m, s, &bt);
+}
+
+int cn_model_mtp_forward(cn_model *m, cn_state *st, const float *hidden, const int32_t *next,
+                         int n, float *logits, float *hidden_out) {
+    if (!st->mtp || !m->w.has_mtp || n <= 0 || !hidden || !next) return CN_EINVAL;
+    if ((int64_t)st->offset + n > st->max_ctx) return CN_ECONTEXT;
+    for (int i = 0; i < n; i++)
+        if (next[i] < 0 || next[i] >= m->cfg.vocab_size) return CN_EINVAL;
+    cn_backend *b = m->b;
+    const cn_mtp_w *w = &m->w.mtp;
+    const int64_t V = m->cfg.vocab_size, H = m->cfg.hidden_size;
+    const float eps = m->cfg.norm_eps;
+    segment seg[1];
+    for (int done = 0; done < n;) {
+        int T = n - done < m->s.ubatch ? n - done : m->s.ubatch;
+        seg[0] = (segment){T, -1};
+        cn_tensor ids = cn_tensor_rows(&m->s.ids, 0, T), x = rows(&m->s.x, T), e = rows(&m->s.tmp, T);
+        cn_tensor cat = rows(&m->s.cat, T);
+        cn_tensor ce = cn_tensor_cols(&cat, 0, H), ch = cn_tensor_cols(&cat, H, H);
+        ids.ndim = 1;
+        CHECK(cn_backend_upload(b, &m->s.ids, 0, next + done, (uint64_t)T * 4));
+        CHECK(cn_op_get_rows(b, &e, &m->w.embed, &ids));                  /* e = embed(t_{i+1}) */
+        CHECK(cn_op_rmsnorm(b, &ce, &e, &w->enorm, eps));                 /* enorm(e) first */
+        CHECK(cn_backend_upload(b, &m->s.x, 0, hidden + (size_t)done * H, (uint64_t)T * H * 4));
+        CHECK(cn_op_rmsnorm(b, &ch, &x, &w->hnorm, eps));                 /* then hnorm(h) */
+        CHECK(cn_op_matmul(b, &x, &w->eh_proj, &cat));                    /* eh_proj */
+        CHECK(run_layers(m, w->layers, st, st->offset, T, seg, 1, NULL));
+        if (hidden_out) CHECK(cn_backend_download(b, hidden_out + (size_t)done * H, &x));
+        CHECK(head(m, &w->final_norm, 0, T, logits ? logits + (size_t)done * V : NULL, NULL));
+        st->offset += T;
+        done += T;
+    }
+    return CN_OK;
+}

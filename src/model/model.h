@@ -1,0 +1,95 @@
+/* model.h - a loaded NemotronH model and its forward pass over explicit per-sequence state.
+ *
+ * cn_model_open() reads config.json, maps the safetensors, checks every tensor the config implies
+ * (name, shape, dtype) and binds the weights to a backend; nothing is copied except the small
+ * vectors (norms, conv, A_log, D, dt_bias), which are converted to F32 once. The forward pass calls
+ * only the backend table (tensor/backend.h), so the same code runs on every backend.
+ *
+ * State lives outside the model, in a cn_state per sequence (state.h): one cache per stateful
+ * layer, all at one offset. A forward absorbs n tokens at the state's offset and returns logits of
+ * the last or of every position; it can also stop its recurrent scans at scheduled offsets inside
+ * the batch and hand back each boundary's recurrent state (cn_rsnap), which is what restore points
+ * are made of.
+ *
+ * Invariants:
+ *  (1) A forward either absorbs all n tokens and returns 0, or returns an error with the state's
+ *      offset unchanged (the contents of recurrent state are then undefined: restore before reuse).
+ *  (2) Results do not depend on how a sequence is split into forwards, up to float rounding.
+ *  (3) One forward at a time per model: the scratch buffers belong to the model.
+ */
+#ifndef CN_MODEL_H
+#define CN_MODEL_H
+
+#include <stdint.h>
+
+#include "base/error.h"
+#include "model/config.h"
+#include "tensor/backend.h"
+
+typedef struct cn_model cn_model; /* layout: model_impl.h */
+typedef struct cn_state cn_state; /* layout: state.h */
+
+typedef struct cn_model_opts {
+    int ubatch; /* tokens per internal forward chunk (scratch size); 0 = 256 */
+} cn_model_opts;
+
+/* A recurrent snapshot: every Mamba layer's conv tail and SSM state at one offset. Tensors live on
+ * the model's backend; free with cn_rsnap_free. */
+typedef struct cn_rsnap {
+    int offset;       /* tokens absorbed when taken */
+    int n_layers;     /* number of Mamba layers */
+    cn_tensor *conv;  /* [n_layers] each [K-1, conv_dim] F32 raw inputs */
+    cn_tensor *ssm;   /* [n_layers] each [n_heads, head_dim*d_state] F32 */
+} cn_rsnap;
+
+/* One forward call. */
+typedef struct cn_batch {
+    const int32_t *tokens; /* [n] token ids */
+    int n;                 /* >= 1 */
+    int all_logits;        /* 1: logits (and hidden) of every position; 0: of the last only */
+    float *logits;         /* OUT (optional): host [all_logits ? n : 1][vocab] */
+    float *hidden;         /* OUT (optional): host [all_logits ? n : 1][hidden], after norm_f */
+    const int *capture_at; /* (optional) ascending offsets in (offset, offset+n] to capture at */
+    int n_capture;
+    cn_rsnap *captures;    /* OUT: [n_capture]; caller owns each, cn_rsnap_free() */
+} cn_batch;
+
+/* Opens the checkpoint in dir on backend b (which the caller owns and frees after the model). */
+int cn_model_open(cn_model **out, const char *dir, cn_backend *b, const cn_model_opts *opts,
+                  cn_err *err);
+void cn_model_close(cn_model *m);
+
+const cn_config *cn_model_config(const cn_model *m);
+cn_backend *cn_model_backend(const cn_model *m);
+/* 1 if the checkpoint has an MTP head. */
+int cn_model_has_mtp(const cn_model *m);
+
+/* Parameter and byte counts by dtype, for `cairn info`. bytes[] is indexed by cn_dtype. */
+typedef struct cn_model_stats {
+    uint64_t params;                 /* every weight element, MTP included */
+    uint64_t params_mtp;             /* of which in the MTP head */
+    uint64_t active_params;          /* used per token: experts counted top-k + shared only */
+    uint64_t bytes[CN_DTYPE_COUNT];  /* checkpoint bytes per stored dtype */
+    uint64_t state_bytes_fixed;      /* per sequence: recurrent state, independent of length */
+    uint64_t state_bytes_per_token;  /* per sequence: KV per token */
+} cn_model_stats;
+void cn_model_stats_get(const cn_model *m, cn_model_stats *st);
+
+/* Absorbs b->n tokens into s at its offset. CN_ECONTEXT if they do not fit, CN_EINVAL for a token
+ * id outside the vocabulary or capture offsets out of range (state unchanged in both cases). */
+int cn_model_forward(cn_model *m, cn_state *s, cn_batch *b);
+/* One token; logits [vocab] of it. */
+int cn_model_decode(cn_model *m, cn_state *s, int32_t token, float *logits);
+/* k tokens; logits [k][vocab] of every one (speculative verification). */
+int cn_model_verify(cn_model *m, cn_state *s, const int32_t *tokens, int k, float *logits);
+
+/* MTP head over n positions of its own state s (made with cn_state_create(..., 1)): position i
+ * combines hidden[i] (the target's post-norm_f hidden state) with the embedding of next[i];
+ * logits OUT (optional) [n][vocab] are the draft logits; hidden_out OUT (optional) [n][H] the head's
+ * own output before its final norm, for drafting further ahead. */
+int cn_model_mtp_forward(cn_model *m, cn_state *s, const float *hidden, const int32_t *next,
+                         int n, float *logits, float *hidden_out);
+
+void cn_rsnap_free(cn_model *m, cn_rsnap *snap);
+
+#endif

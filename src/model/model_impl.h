@@ -1,0 +1,110 @@
+/* model_impl.h - the layout of cn_model: config, weights (bound to the mapping) and scratch.
+ *
+ * Split by lifetime, as llama2.c does: cn_config is the blueprint, cn_weights point into the mapped
+ * checkpoint (big matrices) or into backend memory the model owns (small F32 vectors), cn_scratch is
+ * the activation memory of one forward, allocated once at open for `ubatch` tokens.
+ */
+#ifndef CN_MODEL_IMPL_H
+#define CN_MODEL_IMPL_H
+
+#include "model/config.h"
+#include "model/model.h"
+#include "model/safetensors.h"
+#include "tensor/backend.h"
+
+typedef struct cn_mamba_w {
+    cn_tensor in_proj;  /* [d_inner + conv_dim + n_heads, H] */
+    cn_tensor conv_w;   /* [conv_dim, K] F32 (owned) */
+    cn_tensor conv_b;   /* [conv_dim] F32 (owned) */
+    cn_tensor dt_bias;  /* [n_heads] F32 (owned) */
+    cn_tensor A_log;    /* [n_heads] F32 (owned) */
+    cn_tensor D;        /* [n_heads] F32 (owned) */
+    cn_tensor norm;     /* [d_inner] F32 (owned), grouped gated RMSNorm */
+    cn_tensor out_proj; /* [H, d_inner] */
+} cn_mamba_w;
+
+typedef struct cn_attn_w {
+    cn_tensor q, k, v; /* [n_heads*head_dim, H], [n_kv*head_dim, H] x2 */
+    cn_tensor o;       /* [H, n_heads*head_dim] */
+} cn_attn_w;
+
+typedef struct cn_moe_w {
+    cn_tensor gate;            /* [E, H], router weight */
+    cn_tensor bias;            /* [E] F32 (owned) e_score_correction_bias; data NULL if absent */
+    cn_tensor *up, *down;      /* [E] each [I, H] and [H, I] (array owned) */
+    const cn_tensor **up_p;    /* [E] pointers into up (for matmul_gather) */
+    const cn_tensor **down_p;  /* [E] pointers into down */
+    int has_shared;
+    cn_tensor shared_up;       /* [Is, H] */
+    cn_tensor shared_down;     /* [H, Is] */
+} cn_moe_w;
+
+typedef struct cn_mlp_w {
+    cn_tensor up;   /* [I, H] */
+    cn_tensor down; /* [H, I] */
+} cn_mlp_w;
+
+typedef struct cn_layer_w {
+    cn_block type;
+    cn_tensor norm; /* [H] F32 (owned), pre-mixer RMSNorm */
+    cn_mamba_w mamba;
+    cn_attn_w attn;
+    cn_moe_w moe;
+    cn_mlp_w mlp;
+} cn_layer_w;
+
+typedef struct cn_mtp_w {
+    cn_tensor enorm, hnorm; /* [H] F32 (owned) */
+    cn_tensor eh_proj;      /* [H, 2H] */
+    cn_layer_w *layers;     /* [n_mtp_layers]; norm is mtp.layers.i.norm */
+    cn_tensor final_norm;   /* [H] F32 (owned): final_layernorm of the last MTP layer */
+} cn_mtp_w;
+
+typedef struct cn_weights {
+    cn_tensor embed;    /* [V, H] */
+    cn_tensor norm_f;   /* [H] F32 (owned) */
+    cn_tensor lm_head;  /* [V, H] (the embedding when tied) */
+    cn_layer_w *layers; /* [n_layers] */
+    int has_mtp;
+    cn_mtp_w mtp;
+} cn_weights;
+
+/* Activations of one forward of up to `ubatch` tokens; all F32 unless noted. */
+typedef struct cn_scratch {
+    int ubatch;      /* U */
+    int logit_rows;  /* rows of logits computed per lm_head call */
+    cn_tensor ids;   /* [U] I32 token ids */
+    cn_tensor x;     /* [U, H] residual stream */
+    cn_tensor xn;    /* [U, H] normed input of the current block */
+    cn_tensor out;   /* [U, H] mixer output */
+    cn_tensor tmp;   /* [U, H] */
+    cn_tensor proj;  /* [U, max(in_proj rows, q rows, I_mlp, Is)] wide projections */
+    cn_tensor conv;  /* [U, conv_dim] conv + SiLU output */
+    cn_tensor y;     /* [U, max(d_inner, n_heads*head_dim)] scan / attention output */
+    cn_tensor rlogits; /* [U, E] router logits */
+    cn_tensor rids;    /* [U, k] I32 chosen experts */
+    cn_tensor rw;      /* [U, k] routing weights */
+    cn_tensor eh;      /* [U*k, I] expert hidden */
+    cn_tensor eo;      /* [U*k, H] expert outputs */
+    cn_tensor cat;     /* [U, 2H] MTP concat(enorm(e), hnorm(h)) */
+    cn_tensor logits;  /* [logit_rows, V] */
+} cn_scratch;
+
+struct cn_model {
+    cn_config cfg;
+    cn_backend *b;         /* not owned */
+    cn_safetensors *st;    /* the mapped checkpoint */
+    cn_weights w;
+    cn_scratch s;
+    int n_owned;           /* small F32 tensors the model allocated on the backend */
+    int cap_owned;
+    cn_tensor **owned;     /* [n_owned] pointers to release at close */
+    int n_mamba;           /* Mamba layers among cfg.layers */
+    int d_inner, conv_dim, in_proj_dim;
+};
+
+/* model_load.c: binds weights (called by cn_model_open). */
+int cn_model_bind_weights(cn_model *m, cn_err *err);
+void cn_model_unbind_weights(cn_model *m);
+
+#endif

@@ -1,0 +1,51 @@
+/* state.h - the per-sequence state of a NemotronH model: one cache per stateful layer.
+ *
+ * Attention layers keep an append-only KV buffer of max_ctx rows; Mamba layers keep the conv tail
+ * (the last K-1 raw inputs) and the fp32 SSM state; MoE and MLP layers keep nothing. All layers sit
+ * at one offset, the number of tokens absorbed. The prefix cache (src/cache) builds snapshots and
+ * the trie on top of these buffers; this module only owns and moves them.
+ *
+ * Invariants:
+ *  (1) KV rows [0, offset) hold the keys/values of the tokens absorbed; rows past offset are junk.
+ *  (2) A Mamba layer's state is exactly the state after `offset` tokens.
+ *  (3) Rewinding is possible only to an offset whose recurrent state is supplied (cn_rsnap) or for
+ *      models without recurrent layers; anything else would be a guess.
+ */
+#ifndef CN_STATE_H
+#define CN_STATE_H
+
+#include "model/config.h"
+#include "model/model.h"
+#include "tensor/tensor.h"
+
+typedef struct cn_layer_state {
+    cn_block type;
+    cn_tensor k, v;     /* attention: [max_ctx, n_kv_heads*head_dim] F32 */
+    cn_tensor conv;     /* Mamba: [K-1, conv_dim] F32, oldest first */
+    cn_tensor ssm;      /* Mamba: [n_heads, head_dim*d_state] F32 */
+} cn_layer_state;
+
+struct cn_state {
+    cn_model *model;         /* not owned */
+    int mtp;                 /* 1: state of the MTP head's layers */
+    int n_layers;
+    cn_layer_state *layers;  /* [n_layers] */
+    int max_ctx;             /* KV rows per attention layer */
+    int offset;              /* tokens absorbed, shared by every layer */
+};
+
+/* Allocates a zeroed state (offset 0) for the main layers (mtp = 0) or the MTP head (mtp = 1). */
+int cn_state_create(cn_state **out, cn_model *m, int max_ctx, int mtp);
+void cn_state_free(cn_state *s);
+/* Back to offset 0 with zero recurrent state. */
+int cn_state_reset(cn_state *s);
+/* Rewinds to snap->offset (<= offset) and loads its recurrent state. KV rows below stay valid. */
+int cn_state_restore(cn_state *s, const cn_rsnap *snap);
+/* Rewinds to offset when the state has no recurrent layers (else CN_EINVAL). */
+int cn_state_rewind(cn_state *s, int offset);
+/* Takes a snapshot of the current recurrent state (caller owns, cn_rsnap_free). */
+int cn_state_snapshot(cn_state *s, cn_rsnap *out);
+/* Bytes held by the state's buffers. */
+uint64_t cn_state_bytes(const cn_state *s);
+
+#endif

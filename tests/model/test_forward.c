@@ -1,0 +1,342 @@
+/* test_forward.c - the NemotronH forward pass against transformers' goldens, and against itself.
+ *
+ * Goldens come from tools/reference/make_reference.py (float64 reference, tests/data/<name>/):
+ * all-position logits within 1e-4 of the largest reference logit, and identical greedy tokens.
+ * Self-consistency: a prefill split at every position, token-by-token decode, small ubatches and
+ * restores from captured recurrent state all equal one uninterrupted prefill.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <cjson/cJSON.h>
+
+#include "model/model.h"
+#include "model/state.h"
+#include "tensor/cpu/cpu_backend.h"
+#include "test_util.h"
+
+#define REL_TOL 1e-4
+#define SELF_TOL 2e-5 /* same math, different cut points: rounding only */
+
+typedef struct golden {
+    char dir[512];
+    int32_t *prompt;
+    int n_prompt;
+    int32_t *greedy;
+    int n_greedy;
+    float *logits;     /* [n_prompt][V] */
+    float *mtp_logits; /* [n_prompt-1][V] or NULL */
+} golden;
+
+static int32_t *ids_from_json(const cJSON *arr, int *n) {
+    *n = cJSON_GetArraySize(arr);
+    int32_t *ids = malloc((size_t)(*n ? *n : 1) * sizeof *ids);
+    for (int i = 0; ids && i < *n; i++) ids[i] = (int32_t)cJSON_GetArrayItem(arr, i)->valuedouble;
+    return ids;
+}
+
+static float *read_f32(const char *dir, const char *name, size_t expect) {
+    char path[600];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    size_t len = 0;
+    char *buf = tu_read_file(path, &len);
+    if (!buf) return NULL;
+    assert_int_equal(len, expect * sizeof(float));
+    return (float *)buf;
+}
+
+static void golden_load(golden *g, const char *name, int vocab) {
+    memset(g, 0, sizeof *g);
+    snprintf(g->dir, sizeof g->dir, "%s/%s", tu_data_dir(), name);
+    char path[600];
+    snprintf(path, sizeof path, "%s/reference.json", g->dir);
+    char *text = tu_read_file(path, NULL);
+    assert_non_null(text);
+    cJSON *j = cJSON_Parse(text);
+    assert_non_null(j);
+    g->prompt = ids_from_json(cJSON_GetObjectItem(j, "prompt"), &g->n_prompt);
+    g->greedy = ids_from_json(cJSON_GetObjectItem(j, "greedy"), &g->n_greedy);
+    cJSON_Delete(j);
+    free(text);
+    g->logits = read_f32(g->dir, "logits.f32", (size_t)g->n_prompt * vocab);
+    assert_non_null(g->logits);
+    g->mtp_logits = read_f32(g->dir, "mtp_logits.f32", (size_t)(g->n_prompt - 1) * vocab);
+}
+
+static void golden_free(golden *g) {
+    free(g->prompt);
+    free(g->greedy);
+    free(g->logits);
+    free(g->mtp_logits);
+}
+
+typedef struct fixture {
+    cn_backend *b;
+    cn_model *m;
+    int V, H;
+} fixture;
+
+static void open_model(fixture *f, const char *name, int ubatch, int threads) {
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/%s", tu_data_dir(), name);
+    f->b = cn_cpu_backend_create(threads);
+    assert_non_null(f->b);
+    cn_err err;
+    cn_err_clear(&err);
+    cn_model_opts o = {.ubatch = ubatch};
+    int rc = cn_model_open(&f->m, dir, f->b, &o, &err);
+    if (rc) fprintf(stderr, "open %s: %s\n", dir, err.msg);
+    assert_int_equal(rc, 0);
+    f->V = cn_model_config(f->m)->vocab_size;
+    f->H = cn_model_config(f->m)->hidden_size;
+}
+
+static void close_model(fixture *f) {
+    cn_model_close(f->m);
+    cn_backend_free(f->b);
+}
+
+/* All-position logits of tokens[0..n) from a fresh state. */
+static float *prefill_all(fixture *f, const int32_t *tokens, int n, float *hidden) {
+    cn_state *s;
+    assert_int_equal(cn_state_create(&s, f->m, n + 32, 0), 0);
+    float *lg = malloc((size_t)n * f->V * sizeof *lg);
+    cn_batch bt = {.tokens = tokens, .n = n, .all_logits = 1, .logits = lg, .hidden = hidden};
+    assert_int_equal(cn_model_forward(f->m, s, &bt), 0);
+    assert_int_equal(s->offset, n);
+    cn_state_free(s);
+    return lg;
+}
+
+static int argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* Parity with transformers: logits and greedy continuation. */
+static void check_parity(const char *name, int ubatch) {
+    fixture f;
+    open_model(&f, name, ubatch, 2);
+    golden g;
+    golden_load(&g, name, f.V);
+    float *lg = prefill_all(&f, g.prompt, g.n_prompt, NULL);
+    double err = tu_rel_err(lg, g.logits, (size_t)g.n_prompt * f.V);
+    fprintf(stderr, "%s: all-position logits rel err %.3g (ubatch %d)\n", name, err, ubatch);
+    assert_true(err < REL_TOL);
+
+    cn_state *s;
+    assert_int_equal(cn_state_create(&s, f.m, g.n_prompt + g.n_greedy + 1, 0), 0);
+    float *last = malloc((size_t)f.V * sizeof *last);
+    cn_batch bt = {.tokens = g.prompt, .n = g.n_prompt, .logits = last};
+    assert_int_equal(cn_model_forward(f.m, s, &bt), 0);
+    for (int i = 0; i < g.n_greedy; i++) {
+        int t = argmax(last, f.V);
+        assert_int_equal(t, g.greedy[i]);
+        assert_int_equal(cn_model_decode(f.m, s, t, last), 0);
+    }
+    cn_state_free(s);
+    free(last);
+    free(lg);
+    golden_free(&g);
+    close_model(&f);
+}
+
+static void test_parity_mix_f32(void **st) { (void)st; check_parity("nh-mix-f32", 256); }
+static void test_parity_mix_small_ubatch(void **st) { (void)st; check_parity("nh-mix-f32", 5); }
+static void test_parity_group_bf16(void **st) { (void)st; check_parity("nh-group-bf16", 256); }
+static void test_parity_mtp_bf16(void **st) { (void)st; check_parity("nh-mtp-bf16", 256); }
+static void test_parity_fp8(void **st) { (void)st; check_parity("nh-fp8", 256); }
+
+/* Prefill split at every position equals one prefill. */
+static void test_split_everywhere(void **st) {
+    (void)st;
+    fixture f;
+    open_model(&f, "nh-mix-f32", 256, 2);
+    golden g;
+    golden_load(&g, "nh-mix-f32", f.V);
+    int n = g.n_prompt;
+    float *ref = prefill_all(&f, g.prompt, n, NULL);
+    float *lg = malloc((size_t)n * f.V * sizeof *lg);
+    for (int p = 1; p < n; p++) {
+        cn_state *s;
+        assert_int_equal(cn_state_create(&s, f.m, n, 0), 0);
+        cn_batch a = {.tokens = g.prompt, .n = p, .all_logits = 1, .logits = lg};
+        cn_batch b = {.tokens = g.prompt + p, .n = n - p, .all_logits = 1, .logits = lg + (size_t)p * f.V};
+        assert_int_equal(cn_model_forward(f.m, s, &a), 0);
+        assert_int_equal(cn_model_forward(f.m, s, &b), 0);
+        double e = tu_rel_err(lg, ref, (size_t)n * f.V);
+        if (e >= SELF_TOL) fprintf(stderr, "split at %d: rel err %.3g\n", p, e);
+        assert_true(e < SELF_TOL);
+        cn_state_free(s);
+    }
+    free(lg);
+    free(ref);
+    golden_free(&g);
+    close_model(&f);
+}
+
+/* Token-by-token decode equals prefill, on every model. */
+static void check_decode(const char *name) {
+    fixture f;
+    open_model(&f, name, 256, 2);
+    golden g;
+    golden_load(&g, name, f.V);
+    int n = g.n_prompt;
+    float *ref = prefill_all(&f, g.prompt, n, NULL);
+    float *lg = malloc((size_t)n * f.V * sizeof *lg);
+    cn_state *s;
+    assert_int_equal(cn_state_create(&s, f.m, n, 0), 0);
+    for (int i = 0; i < n; i++) assert_int_equal(cn_model_decode(f.m, s, g.prompt[i], lg + (size_t)i * f.V), 0);
+    double e = tu_rel_err(lg, ref, (size_t)n * f.V);
+    fprintf(stderr, "%s: decode vs prefill rel err %.3g\n", name, e);
+    assert_true(e < SELF_TOL);
+    cn_state_free(s);
+    free(lg);
+    free(ref);
+    golden_free(&g);
+    close_model(&f);
+}
+
+static void test_decode_mix(void **st) { (void)st; check_decode("nh-mix-f32"); }
+static void test_decode_group(void **st) { (void)st; check_decode("nh-group-bf16"); }
+
+/* Verify (k tokens, all logits) equals the same positions of a prefill. */
+static void test_verify(void **st) {
+    (void)st;
+    fixture f;
+    open_model(&f, "nh-group-bf16", 256, 2);
+    golden g;
+    golden_load(&g, "nh-group-bf16", f.V);
+    int n = g.n_prompt, k = 5, p = n - k;
+    float *ref = prefill_all(&f, g.prompt, n, NULL);
+    float *lg = malloc((size_t)k * f.V * sizeof *lg);
+    cn_state *s;
+    assert_int_equal(cn_state_create(&s, f.m, n, 0), 0);
+    cn_batch a = {.tokens = g.prompt, .n = p};
+    assert_int_equal(cn_model_forward(f.m, s, &a), 0);
+    assert_int_equal(cn_model_verify(f.m, s, g.prompt + p, k, lg), 0);
+    assert_true(tu_rel_err(lg, ref + (size_t)p * f.V, (size_t)k * f.V) < SELF_TOL);
+    cn_state_free(s);
+    free(lg);
+    free(ref);
+    golden_free(&g);
+    close_model(&f);
+}
+
+/* Captures inside one forward restore exactly: resuming from each equals the cold run. */
+static void test_capture_restore(void **st) {
+    (void)st;
+    fixture f;
+    open_model(&f, "nh-mix-f32", 16, 2); /* captures fall inside and at the edges of pieces */
+    golden g;
+    golden_load(&g, "nh-mix-f32", f.V);
+    int n = g.n_prompt;
+    float *ref = prefill_all(&f, g.prompt, n, NULL);
+    int at[] = {1, 5, 16, 17, 30, n};
+    int nc = (int)(sizeof at / sizeof at[0]);
+    cn_rsnap caps[6];
+    cn_state *s;
+    assert_int_equal(cn_state_create(&s, f.m, n, 0), 0);
+    cn_batch bt = {.tokens = g.prompt, .n = n, .capture_at = at, .n_capture = nc, .captures = caps};
+    assert_int_equal(cn_model_forward(f.m, s, &bt), 0);
+    float *lg = malloc((size_t)n * f.V * sizeof *lg);
+    for (int c = nc - 2; c >= 0; c--) { /* restore goes backwards only */
+        assert_int_equal(caps[c].offset, at[c]);
+        assert_int_equal(cn_state_restore(s, &caps[c]), 0);
+        assert_int_equal(s->offset, at[c]);
+        cn_batch rest = {.tokens = g.prompt + at[c], .n = n - at[c], .all_logits = 1, .logits = lg};
+        assert_int_equal(cn_model_forward(f.m, s, &rest), 0);
+        double e = tu_rel_err(lg, ref + (size_t)at[c] * f.V, (size_t)(n - at[c]) * f.V);
+        if (e >= SELF_TOL) fprintf(stderr, "restore at %d: rel err %.3g\n", at[c], e);
+        assert_true(e < SELF_TOL);
+    }
+    /* A snapshot from the future cannot be restored. */
+    cn_state *s2;
+    assert_int_equal(cn_state_create(&s2, f.m, n, 0), 0);
+    assert_int_equal(cn_state_restore(s2, &caps[2]), CN_EINVAL);
+    cn_state_free(s2);
+    for (int c = 0; c < nc; c++) cn_rsnap_free(f.m, &caps[c]);
+    cn_state_free(s);
+    free(lg);
+    free(ref);
+    golden_free(&g);
+    close_model(&f);
+}
+
+/* The MTP head's draft logits equal the documented formula's. */
+static void test_mtp(void **st) {
+    (void)st;
+    fixture f;
+    open_model(&f, "nh-mtp-bf16", 256, 2);
+    assert_true(cn_model_has_mtp(f.m));
+    golden g;
+    golden_load(&g, "nh-mtp-bf16", f.V);
+    assert_non_null(g.mtp_logits);
+    int n = g.n_prompt;
+    float *hidden = malloc((size_t)n * f.H * sizeof *hidden);
+    float *ref = prefill_all(&f, g.prompt, n, hidden);
+    cn_state *ms;
+    assert_int_equal(cn_state_create(&ms, f.m, n, 1), 0);
+    float *lg = malloc((size_t)(n - 1) * f.V * sizeof *lg);
+    assert_int_equal(cn_model_mtp_forward(f.m, ms, hidden, g.prompt + 1, n - 1, lg, NULL), 0);
+    double e = tu_rel_err(lg, g.mtp_logits, (size_t)(n - 1) * f.V);
+    fprintf(stderr, "mtp draft logits rel err %.3g\n", e);
+    assert_true(e < REL_TOL);
+    cn_state_free(ms);
+    free(lg);
+    free(ref);
+    free(hidden);
+    golden_free(&g);
+    close_model(&f);
+}
+
+/* Bad input is rejected and leaves the state where it was. */
+static void test_bad_batches(void **st) {
+    (void)st;
+    fixture f;
+    open_model(&f, "nh-mix-f32", 256, 1);
+    cn_state *s;
+    assert_int_equal(cn_state_create(&s, f.m, 8, 0), 0);
+    int32_t ok[4] = {1, 2, 3, 4}, bad[2] = {1, f.V};
+    float *lg = malloc((size_t)f.V * sizeof *lg);
+    cn_batch a = {.tokens = ok, .n = 4, .logits = lg};
+    assert_int_equal(cn_model_forward(f.m, s, &a), 0);
+    cn_batch b = {.tokens = bad, .n = 2, .logits = lg};
+    assert_int_equal(cn_model_forward(f.m, s, &b), CN_EINVAL);
+    assert_int_equal(s->offset, 4);
+    int32_t many[5] = {1, 2, 3, 4, 5};
+    cn_batch c = {.tokens = many, .n = 5, .logits = lg};
+    assert_int_equal(cn_model_forward(f.m, s, &c), CN_ECONTEXT);
+    assert_int_equal(s->offset, 4);
+    int at[2] = {6, 5};
+    cn_rsnap caps[2];
+    cn_batch d = {.tokens = ok, .n = 4, .capture_at = at, .n_capture = 2, .captures = caps};
+    assert_int_equal(cn_model_forward(f.m, s, &d), CN_EINVAL);
+    assert_int_equal(s->offset, 4);
+    int32_t neg = -1;
+    assert_int_equal(cn_model_decode(f.m, s, neg, lg), CN_EINVAL);
+    assert_int_equal(cn_model_decode(f.m, s, 7, lg), 0);
+    assert_int_equal(s->offset, 5);
+    cn_state *ms;
+    assert_int_equal(cn_state_create(&ms, f.m, 8, 1), CN_EINVAL); /* no MTP head */
+    free(lg);
+    cn_state_free(s);
+    close_model(&f);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_parity_mix_f32),   cmocka_unit_test(test_parity_mix_small_ubatch),
+        cmocka_unit_test(test_parity_group_bf16), cmocka_unit_test(test_parity_mtp_bf16),
+        cmocka_unit_test(test_parity_fp8),        cmocka_unit_test(test_split_everywhere),
+        cmocka_unit_test(test_decode_mix),        cmocka_unit_test(test_decode_group),
+        cmocka_unit_test(test_verify),            cmocka_unit_test(test_capture_restore),
+        cmocka_unit_test(test_mtp),               cmocka_unit_test(test_bad_batches),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

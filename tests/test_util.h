@@ -1,0 +1,76 @@
+/* test_util.h - small helpers shared by the tests: paths from the environment, whole-file reads,
+ * scratch directories. Header-only so every test stays one translation unit. */
+#ifndef CN_TEST_UTIL_H
+#define CN_TEST_UTIL_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+/* tests/data, from CAIRN_DATA (set by ctest) or relative to the source root. */
+static inline const char *tu_data_dir(void) {
+    const char *d = getenv("CAIRN_DATA");
+    return d ? d : "tests/data";
+}
+
+/* A fresh directory under CAIRN_TMP (or /tmp); the caller frees the string. */
+static inline char *tu_mkdtemp(const char *tag) {
+    const char *base = getenv("CAIRN_TMP");
+    if (!base) base = "/tmp";
+    mkdir(base, 0755);
+    size_t n = strlen(base) + strlen(tag) + 16;
+    char *p = malloc(n);
+    if (!p) return NULL;
+    snprintf(p, n, "%s/%s-XXXXXX", base, tag);
+    if (!mkdtemp(p)) {
+        free(p);
+        return NULL;
+    }
+    return p;
+}
+
+/* Whole file, NUL-terminated; *len gets the byte count. NULL if unreadable. */
+static inline char *tu_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    if (buf) {
+        buf[n] = '\0';
+        if (len) *len = (size_t)n;
+    }
+    return buf;
+}
+
+/* max |a - b| / max |b|: the error relative to the largest reference value. */
+static inline double tu_rel_err(const float *a, const float *b, size_t n) {
+    double maxd = 0, maxb = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (d > maxd || d != d) maxd = d != d ? INFINITY : d;
+        if (fabs((double)b[i]) > maxb) maxb = fabs((double)b[i]);
+    }
+    return maxb > 0 ? maxd / maxb : maxd;
+}
+
+/* Removes a directory tree made by a test (best effort). */
+static inline void tu_rmtree(const char *dir) {
+    size_t n = strlen(dir) + 16;
+    char *cmd = malloc(n);
+    if (!cmd) return;
+    snprintf(cmd, n, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) { /* nothing to do: leftovers live in the build's tmp */ }
+    free(cmd);
+}
+
+#endif
