@@ -292,6 +292,20 @@ static int read_attention(const src *s, cn_config *c, cn_err *err) {
     return get_bool(s, "attention_bias", NULL, 0, &c->attention_bias, err);
 }
 
+/* A number, or transformers 5's spelling of a non-finite one: {"__float__": "Infinity"}. */
+static int json_float(const cJSON *j, double *out) {
+    if (cJSON_IsNumber(j)) {
+        *out = j->valuedouble;
+        return 1;
+    }
+    const cJSON *f = cJSON_IsObject(j) ? cJSON_GetObjectItemCaseSensitive(j, "__float__") : NULL;
+    if (!cJSON_IsString(f) || cJSON_GetArraySize(j) != 1) return 0;
+    if (!strcmp(f->valuestring, "Infinity") || !strcmp(f->valuestring, "inf")) *out = INFINITY;
+    else if (!strcmp(f->valuestring, "-Infinity") || !strcmp(f->valuestring, "-inf")) *out = -INFINITY;
+    else return 0; /* NaN is no valid limit */
+    return 1;
+}
+
 static int read_mamba(const src *s, cn_config *c, cn_err *err) {
     int rc;
     if ((rc = get_int(s, "mamba_num_heads", NULL, 1, 0, 1, &c->mamba_n_heads, err))) return rc;
@@ -315,12 +329,11 @@ static int read_mamba(const src *s, cn_config *c, cn_err *err) {
     const char *used;
     const cJSON *j = field2(s, "time_step_limit", "mamba_dt_limit", &used);
     if (j && !cJSON_IsNull(j)) {
+        double lo = 0, hi = 0;
         if (!cJSON_IsArray(j) || cJSON_GetArraySize(j) != 2 ||
-            !cJSON_IsNumber(cJSON_GetArrayItem(j, 0)) || !cJSON_IsNumber(cJSON_GetArrayItem(j, 1)))
+            !json_float(cJSON_GetArrayItem(j, 0), &lo) || !json_float(cJSON_GetArrayItem(j, 1), &hi))
             return cn_err_set(err, CN_ECONFIG, "%s: %s: must be a list of two numbers [min, max]",
                               s->what, used);
-        double lo = cJSON_GetArrayItem(j, 0)->valuedouble;
-        double hi = cJSON_GetArrayItem(j, 1)->valuedouble;
         if (!(lo >= 0) || !(hi > lo))
             return cn_err_set(err, CN_ECONFIG, "%s: %s: needs 0 <= min < max, got [%g, %g]",
                               s->what, used, lo, hi);

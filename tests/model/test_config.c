@@ -312,6 +312,12 @@ static void test_legacy_names_and_limits(void **state) {
     parse_ok(&c, nano_with("time_step_limit", "[0.001, 100.0]"));
     assert_true(c.dt_min == 0.001f && c.dt_max == 100.0f);
     cn_config_free(&c);
+    /* transformers 5 save_pretrained writes inf as an object */
+    parse_ok(&c, nano_with("time_step_limit", "[0.0, {'__float__': 'Infinity'}]"));
+    assert_true(c.dt_min == 0.0f && isinf(c.dt_max));
+    cn_config_free(&c);
+    expect_error(nano_with("time_step_limit", "[0.0, {'__float__': 'NaN'}]"), CN_ECONFIG,
+                 "time_step_limit", "two");
     /* "Infinity" inside a string is left alone */
     parse_ok(&c, nano_with("model_type", "'Infinity'"));
     assert_string_equal(c.model_type, "Infinity");
