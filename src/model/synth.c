@@ -239,7 +239,11 @@ static int model_build(synth_model *m, const cn_synth_opts *o, cn_err *err) {
         return cn_err_set(err, CN_EINVAL, "unknown preset '%s' (expected %s)",
                           o->preset ? o->preset : "(null)", CN_SYNTH_PRESETS);
     m->sh = &kPresets[pi];
-    int full = (int)strlen(m->sh->pattern);
+    const char *pat = o->pattern ? o->pattern : m->sh->pattern;
+    int full = (int)strlen(pat);
+    if (full == 0 || full >= (int)sizeof m->pattern || strspn(pat, "M*E-") != (size_t)full)
+        return cn_err_set(err, CN_EINVAL, "pattern '%s' must be 1..%d of M, *, E, -", pat,
+                          (int)sizeof m->pattern - 1);
     if (o->layers < 0 || o->layers > full)
         return cn_err_set(err, CN_EINVAL, "--layers %d out of range for preset %s (1..%d, 0 = all)",
                           o->layers, m->sh->name, full);
@@ -247,7 +251,7 @@ static int model_build(synth_model *m, const cn_synth_opts *o, cn_err *err) {
         return cn_err_set(err, CN_EINVAL, "weight dtype %s not supported (BF16, F32, F8_E4M3)",
                           cn_dtype_name(o->dtype));
     m->n_layers = o->layers ? o->layers : full;
-    memcpy(m->pattern, m->sh->pattern, (size_t)m->n_layers);
+    memcpy(m->pattern, pat, (size_t)m->n_layers);
     m->pattern[m->n_layers] = '\0';
     m->wdtype = o->dtype;
     m->small_dtype = o->dtype == CN_F32 ? CN_F32 : CN_BF16;

@@ -35,6 +35,7 @@ typedef struct cn_synth_opts {
     uint64_t seed;
     int mtp;              /* 1: one MTP block with pattern "*E"; 0: none */
     int layers;           /* 0: the preset's pattern; N: its first N layers */
+    const char *pattern;  /* NULL: the preset's; else a layer pattern of M, *, E, - to use */
     cn_dtype dtype;       /* CN_BF16 (default), CN_F32 or CN_F8_E4M3 */
     uint64_t shard_bytes; /* 0: one model.safetensors; else the max bytes per shard */
 } cn_synth_opts;

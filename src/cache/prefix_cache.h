@@ -1,0 +1,113 @@
+/* prefix_cache.h - restore points for hybrid models: the trie, the live caches, and the policy
+ * that moves state between them (DESIGN.md §2).
+ *
+ * One prefix cache per loaded model wraps the model's live state (one cn_state) and a trie of
+ * restore points. A request's life, drawn as transitions:
+ *
+ *     IDLE --cn_pc_begin--> PREFILL --cn_pc_absorbed (per forward)--> PREFILL
+ *     PREFILL/DECODE --cn_pc_close--> IDLE      (on success, error AND cancellation)
+ *
+ * begin finds the deepest match, restores the live caches to the deepest offset every layer can
+ * reach exactly (rewinding what can be rewound, paging in snapshots, never guessing), always
+ * leaves at least one token to evaluate, and schedules captures: at the branch point when it lands
+ * below the match, every `spacing` tokens, and `pre_end` tokens before the prompt's end. close
+ * attaches every capture the forwards crossed as trie nodes, then records the segment the caches
+ * rest at with its own snapshots, so a cancelled prompt's retry resumes where it stopped.
+ *
+ * Invariants (checked by cn_pc_check):
+ *  (1) Attention snapshots span exactly their node's edge; recurrent ones sit only at node ends.
+ *  (2) Every LIVE snapshot lies within the live keys: its rows are the live buffer's rows.
+ *  (3) ram_bytes equals the sum of the sizes of RAM-tier snapshots.
+ *  (4) Eviction never removes the active path (the frontier's ancestors) nor a node with several
+ *      children.
+ */
+#ifndef CN_PREFIX_CACHE_H
+#define CN_PREFIX_CACHE_H
+
+#include <stdint.h>
+
+#include "cache/keys.h"
+#include "cache/trie.h"
+#include "model/model.h"
+#include "model/state.h"
+
+typedef struct cn_pc_opts {
+    int spacing;          /* a restore point every `spacing` tokens of prefill (0: 1024) */
+    int pre_end;          /* and one this many tokens before the prompt's end (default 4; -1 none) */
+    uint64_t ram_budget;  /* bytes of RAM-tier snapshots kept (0: 4 GiB) */
+} cn_pc_opts;
+
+typedef enum cn_layer_kind { CN_LAYER_NONE = 0, CN_LAYER_KV, CN_LAYER_RECURRENT } cn_layer_kind;
+
+typedef struct cn_prefix_cache {
+    cn_trie trie;
+    cn_state *live;          /* the live caches; not owned */
+    cn_pc_opts o;
+    cn_layer_kind *kind;     /* [n_layers] */
+    int n_kv, n_rec;
+    cn_key *live_keys;       /* [live->offset] keys of what the live caches hold */
+    int cap_live_keys;
+    uint64_t ram_bytes;      /* RAM-tier snapshot bytes (invariant 3) */
+    cn_node *frontier;       /* where the live caches rested at the last close (root at start) */
+    /* counters for logs and benchmarks */
+    uint64_t n_evicted, n_restored_nodes;
+} cn_prefix_cache;
+
+/* One crossed capture: the recurrent layers' state at an offset. */
+typedef struct cn_pc_capture {
+    int offset;
+    int user;         /* scheduled restore point (resists merging) */
+    cn_snap **slots;  /* [n_layers], recurrent layers only */
+} cn_pc_capture;
+
+/* One request's view. Caller-allocated; cn_pc_session_free after close. */
+typedef struct cn_pc_session {
+    cn_key *keys;         /* [n_keys] prompt keys, then generated ones */
+    int n_keys, cap_keys;
+    int n_prompt;         /* keys of the prompt */
+    int matched;          /* keys matched in the trie at begin */
+    int restored;         /* offset the live caches were restored to (tokens not evaluated) */
+    int *sched;           /* [n_sched] pending capture offsets, ascending, > restored */
+    int *sched_user;
+    int n_sched;
+    cn_pc_capture *caps;  /* [n_caps] captures crossed so far (not yet in the trie's budget) */
+    int n_caps, cap_caps;
+    int n_layers;
+} cn_pc_session;
+
+int cn_pc_init(cn_prefix_cache *pc, cn_state *live, const cn_pc_opts *o);
+void cn_pc_free(cn_prefix_cache *pc);
+
+/* Starts a request over keys[0..n) (n >= 1). On return the live caches sit at sess->restored
+ * (< n) and the remaining keys must be forwarded. On error the session is empty and the live
+ * caches are at offset 0 (nothing was guessed). */
+int cn_pc_begin(cn_prefix_cache *pc, cn_pc_session *sess, const cn_key *keys, int n);
+
+/* The capture offsets inside (from, to], for a forward over that range (at most max). */
+int cn_pc_captures_in(const cn_pc_session *sess, int from, int to, int *out, int max);
+
+/* After a forward that absorbed keys sess->keys[from..to) into the live caches and captured the
+ * recurrent state at the offsets cn_pc_captures_in gave (caps, n_caps; ownership moves here). */
+int cn_pc_absorbed(cn_prefix_cache *pc, cn_pc_session *sess, int from, int to, cn_rsnap *caps,
+                   int n_caps);
+
+/* Appends the key of a generated token (before it is forwarded). */
+int cn_pc_push_key(cn_pc_session *sess, cn_key key);
+
+/* Ends the request (success, error or cancellation): attaches the crossed captures, records the
+ * segment the live caches rest at, evicts to budget. */
+int cn_pc_close(cn_prefix_cache *pc, cn_pc_session *sess);
+void cn_pc_session_free(cn_pc_session *sess);
+
+/* Forgets every restore point and empties the live caches (offset 0). */
+int cn_pc_reset(cn_prefix_cache *pc);
+
+/* Evicts until the RAM tier fits its budget. Returns the number of nodes evicted. */
+int cn_pc_evict(cn_prefix_cache *pc);
+
+/* Sum of RAM-tier snapshot bytes, recomputed by walking the trie (tests compare it to ram_bytes). */
+uint64_t cn_pc_ram_bytes_walk(const cn_prefix_cache *pc);
+/* 1 when the invariants hold. */
+int cn_pc_check(const cn_prefix_cache *pc);
+
+#endif

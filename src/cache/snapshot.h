@@ -1,0 +1,59 @@
+/* snapshot.h - one layer's saved state: a KV row range or a whole recurrent state.
+ *
+ * A full-attention snapshot is the K/V rows [from, to) of one layer. It starts LIVE (lazy): a
+ * reference into the live buffer that costs nothing, valid while those rows are untouched; it is
+ * copied out (materialized) into host RAM before the rows are overwritten. A recurrent snapshot is
+ * the conv tail and SSM state at one offset (from == to), always a copy. Snapshots in the DISK
+ * tier have their bytes in a cache file (disk.h) and none in memory.
+ *
+ * Invariants:
+ *  (1) A LIVE snapshot's rows equal the live buffer's rows [from, to), and to <= the live offset.
+ *  (2) bytes is the size the snapshot has when materialized; LIVE snapshots count 0 in budgets.
+ *  (3) Functions that fail leave the snapshot as it was.
+ */
+#ifndef CN_SNAPSHOT_H
+#define CN_SNAPSHOT_H
+
+#include <stdint.h>
+
+#include "model/state.h"
+
+typedef enum cn_snap_kind { CN_SNAP_KV = 1, CN_SNAP_STATE = 2 } cn_snap_kind;
+typedef enum cn_snap_tier { CN_SNAP_LIVE = 0, CN_SNAP_RAM = 1, CN_SNAP_DISK = 2 } cn_snap_tier;
+
+typedef struct cn_snap {
+    cn_snap_kind kind;
+    cn_snap_tier tier;
+    int from, to;   /* KV: rows [from, to); STATE: from == to == offset */
+    uint8_t *ram;   /* RAM tier: KV: K rows then V rows; STATE: conv bytes then SSM bytes; owned */
+    uint64_t bytes; /* materialized size */
+} cn_snap;
+
+/* Byte sizes of one layer's pieces, from the live state. */
+uint64_t cn_snap_kv_row_bytes(const cn_state *s, int layer); /* one row of K (V is the same) */
+uint64_t cn_snap_state_bytes(const cn_state *s, int layer);  /* conv + ssm */
+
+/* A lazy KV snapshot of rows [from, to). NULL on ENOMEM. */
+cn_snap *cn_snap_kv_lazy(const cn_state *s, int layer, int from, int to);
+/* A copy of a recurrent layer's current state at the live offset. */
+int cn_snap_state_take(const cn_state *s, int layer, cn_snap **out);
+/* A recurrent snapshot from a forward's capture (j-th Mamba layer of rs), copied to RAM. */
+int cn_snap_state_from_capture(const cn_state *s, const cn_rsnap *rs, int j, cn_snap **out);
+/* LIVE -> RAM: copies the rows out of the live buffer. No-op for RAM; CN_EINVAL for DISK. */
+int cn_snap_materialize(cn_snap *snap, const cn_state *s, int layer);
+/* Splits a KV snapshot at row `at` (from < at < to) into two new snapshots with the same tier
+ * (a DISK one must be paged in first: CN_EINVAL). The input is left intact (caller frees it). */
+int cn_snap_kv_split(const cn_snap *snap, const cn_state *s, int layer, int at, cn_snap **head,
+                     cn_snap **tail);
+/* Concatenates adjacent KV snapshots a = [x, y), b = [y, z) into a new one. Two LIVE give LIVE;
+ * otherwise both must be RAM (materialize first). */
+int cn_snap_kv_concat(const cn_snap *a, const cn_snap *b, const cn_state *s, int layer,
+                      cn_snap **out);
+/* Writes rows [from, to) (inside the snapshot's range) into the live buffer. LIVE snapshots need
+ * nothing (their rows are there). */
+int cn_snap_kv_restore(const cn_snap *snap, cn_state *s, int layer, int from, int to);
+/* Loads a recurrent snapshot into the live layer. */
+int cn_snap_state_restore(const cn_snap *snap, cn_state *s, int layer);
+void cn_snap_free(cn_snap *snap);
+
+#endif

@@ -1,0 +1,78 @@
+/* engine.h - a request's life over one loaded model: begin, prefill with restore points, decode,
+ * close (DESIGN.md §2).
+ *
+ *     QUEUED -> PREFILL [cn_engine_generate: cn_pc_begin]
+ *     PREFILL -> DECODE  (prompt absorbed; logits of its last token sampled)
+ *     PREFILL/DECODE -> CLOSED [cn_pc_close]  on success, error AND cancellation
+ *
+ * The engine owns the model's live state and prefix cache, built once at open and reused by
+ * every request. A cancel callback is polled between forwards (every `chunk` tokens and at every
+ * restore point), so a cancel is honoured within one chunk's time and everything the prefill
+ * absorbed stays in the cache for the retry. Every generated token is recorded before it is
+ * handed to on_token. One request at a time per engine.
+ */
+#ifndef CN_ENGINE_H
+#define CN_ENGINE_H
+
+#include <stdint.h>
+
+#include "base/error.h"
+#include "cache/prefix_cache.h"
+#include "engine/sampler.h"
+#include "model/model.h"
+
+typedef struct cn_engine_opts {
+    int ctx;          /* tokens per sequence (0: 4096) */
+    int chunk;        /* tokens per prefill forward (0: 512) */
+    cn_pc_opts cache; /* restore-point spacing, RAM budget */
+    int no_cache;     /* 1: every request starts from token 0 (cold runs for comparison) */
+} cn_engine_opts;
+
+typedef struct cn_engine {
+    cn_model *m;          /* not owned */
+    cn_engine_opts o;
+    cn_state *live;       /* the live caches */
+    cn_prefix_cache pc;
+    float *logits;        /* [vocab] scratch */
+    int32_t *eos;         /* [n_eos] stop ids from the model's generation config */
+    int n_eos;
+} cn_engine;
+
+/* Polled between forwards; nonzero cancels the request. */
+typedef int (*cn_cancel_fn)(void *ctx);
+/* Called with each generated token after it is recorded; nonzero stops generation. */
+typedef int (*cn_token_fn)(void *ctx, int32_t token);
+
+typedef struct cn_request {
+    const int32_t *tokens; /* [n_tokens] the prompt */
+    int n_tokens;
+    int max_tokens;
+    cn_sampler_params sampling;
+    cn_cancel_fn cancel;   /* (optional) */
+    cn_token_fn on_token;  /* (optional) */
+    void *ctx;
+    float *prompt_logits;  /* OUT (optional): [vocab] logits after the prompt's last token */
+} cn_request;
+
+typedef enum cn_stop { CN_STOP_LENGTH = 0, CN_STOP_EOS, CN_STOP_CALLER, CN_STOP_CANCELED } cn_stop;
+
+typedef struct cn_result {
+    int prompt_tokens;     /* tokens in the prompt */
+    int matched_tokens;    /* tokens the trie matched */
+    int cached_tokens;     /* tokens restored from the cache, not evaluated */
+    int prompt_eval_count; /* prompt tokens evaluated by this request */
+    int eval_count;        /* tokens generated */
+    int32_t *tokens;       /* [eval_count] generated ids; caller frees (free()) */
+    cn_stop stop;
+    double prompt_ms, eval_ms;
+} cn_result;
+
+int cn_engine_open(cn_engine **out, cn_model *m, const cn_engine_opts *o, cn_err *err);
+void cn_engine_close(cn_engine *e);
+
+/* Runs one request. Returns 0 (res->stop says why it ended), CN_ECANCELED (res filled, cache
+ * kept), CN_ECONTEXT (prompt + max_tokens past the context), CN_EINVAL (bad ids or sampling
+ * parameters), or a backend error; in every case the cache was closed properly. */
+int cn_engine_generate(cn_engine *e, const cn_request *r, cn_result *res);
+
+#endif

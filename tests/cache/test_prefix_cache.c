@@ -1,0 +1,363 @@
+/* test_prefix_cache.c - restore points on the real forward pass of small NemotronH checkpoints.
+ *
+ * Every scenario asserts what was reused (matched / restored / evaluated) and that the prompt's
+ * last logits equal a cold run's within the self-consistency tolerance, and checks the cache's
+ * invariants (cn_pc_check: slots aligned with edges, lazy rows live, byte accounting) after every
+ * request. Models: nh-mix-f32 (Mamba + attention + MoE + MLP) and a pure-attention model made here.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "cache/prefix_cache.h"
+#include "engine/engine.h"
+#include "model/state.h"
+#include "model/synth.h"
+#include "tensor/cpu/cpu_backend.h"
+#include "test_util.h"
+
+#define TOL 2e-5
+
+typedef struct env {
+    cn_backend *b;
+    cn_model *m;
+    cn_engine *e;
+    cn_state *cold; /* for reference runs */
+    int V;
+    float *want, *got;
+    int cancel_after; /* forwards before the cancel callback fires; <0 never */
+    int polls;
+    char *tmpdir;
+} env;
+
+static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
+static int32_t rnd_token(int V) {
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return (int32_t)(20 + g_rng % (uint64_t)(V - 20)); /* keep clear of special ids */
+}
+
+static void env_open_dir(env *v, const char *dir, int spacing, int chunk, uint64_t budget) {
+    memset(v, 0, sizeof *v);
+    v->b = cn_cpu_backend_create(2);
+    assert_non_null(v->b);
+    cn_err err;
+    cn_err_clear(&err);
+    int rc = cn_model_open(&v->m, dir, v->b, NULL, &err);
+    if (rc) fprintf(stderr, "%s\n", err.msg);
+    assert_int_equal(rc, 0);
+    cn_engine_opts o = {.ctx = 512, .chunk = chunk,
+                        .cache = {.spacing = spacing, .pre_end = 4, .ram_budget = budget}};
+    assert_int_equal(cn_engine_open(&v->e, v->m, &o, &err), 0);
+    assert_int_equal(cn_state_create(&v->cold, v->m, 512, 0), 0);
+    v->V = cn_model_config(v->m)->vocab_size;
+    v->want = malloc((size_t)v->V * sizeof(float));
+    v->got = malloc((size_t)v->V * sizeof(float));
+    v->cancel_after = -1;
+}
+
+static void env_open(env *v, const char *name, int spacing, int chunk, uint64_t budget) {
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/%s", tu_data_dir(), name);
+    env_open_dir(v, dir, spacing, chunk, budget);
+}
+
+static void env_close(env *v) {
+    free(v->want);
+    free(v->got);
+    cn_state_free(v->cold);
+    cn_engine_close(v->e);
+    cn_model_close(v->m);
+    cn_backend_free(v->b);
+    if (v->tmpdir) {
+        tu_rmtree(v->tmpdir);
+        free(v->tmpdir);
+    }
+}
+
+static int cancel_cb(void *ctx) {
+    env *v = ctx;
+    v->polls++;
+    return v->cancel_after >= 0 && v->polls > v->cancel_after;
+}
+
+/* Runs a request with greedy decoding; returns the engine's code; res filled. */
+static int run(env *v, const int32_t *toks, int n, int max_tokens, cn_result *res) {
+    cn_request r = {.tokens = toks, .n_tokens = n, .max_tokens = max_tokens, .cancel = cancel_cb,
+                    .ctx = v, .prompt_logits = v->got};
+    cn_sampler_params_default(&r.sampling);
+    r.sampling.temperature = 0;
+    v->polls = 0;
+    int rc = cn_engine_generate(v->e, &r, res);
+    assert_true(cn_pc_check(&v->e->pc));
+    assert_true(cn_pc_ram_bytes_walk(&v->e->pc) == v->e->pc.ram_bytes);
+    return rc;
+}
+
+/* The cold run's logits after toks[0..n). */
+static void cold(env *v, const int32_t *toks, int n) {
+    assert_int_equal(cn_state_reset(v->cold), 0);
+    cn_batch bt = {.tokens = toks, .n = n, .logits = v->want};
+    assert_int_equal(cn_model_forward(v->m, v->cold, &bt), 0);
+}
+
+static void expect_cold_logits(env *v, const int32_t *toks, int n) {
+    cold(v, toks, n);
+    double e = tu_rel_err(v->got, v->want, (size_t)v->V);
+    if (e >= TOL) fprintf(stderr, "logits differ from a cold run: %.3g\n", e);
+    assert_true(e < TOL);
+}
+
+/* A full request that must reuse exactly `cached` tokens and match the cold logits. */
+static cn_result turn(env *v, const int32_t *toks, int n, int gen, int cached) {
+    cn_result res;
+    assert_int_equal(run(v, toks, n, gen, &res), 0);
+    if (cached >= 0 && res.cached_tokens != cached)
+        fprintf(stderr, "cached %d, expected %d (matched %d)\n", res.cached_tokens, cached, res.matched_tokens);
+    if (cached >= 0) assert_int_equal(res.cached_tokens, cached);
+    assert_int_equal(res.prompt_eval_count, n - res.cached_tokens);
+    expect_cold_logits(v, toks, n);
+    return res;
+}
+
+/* ---- scenarios --------------------------------------------------------------------------------- */
+
+/* A repeat restores at the pre-end point; an extension with the generation reuses everything. */
+static void test_repeat_and_extend(void **st) {
+    (void)st;
+    env v;
+    env_open(&v, "nh-mix-f32", 16, 7, 1 << 30);
+    int32_t p[200];
+    for (int i = 0; i < 200; i++) p[i] = rnd_token(v.V);
+    cn_result r1 = turn(&v, p, 50, 6, 0);
+    /* identical retry: restores at the deepest restore point below the end (48: spacing 16) */
+    cn_result r2 = turn(&v, p, 50, 6, 48);
+    assert_memory_equal(r1.tokens, r2.tokens, (size_t)r1.eval_count * 4);
+    /* the next turn keeps the whole generation: resumes at the frontier (50 + 5 forwarded) */
+    int n = 50;
+    for (int i = 0; i < r2.eval_count; i++) p[n++] = r2.tokens[i];
+    int frontier = n - 1; /* the last generated token was never forwarded */
+    for (int i = 0; i < 20; i++) p[n++] = rnd_token(v.V);
+    cn_result r3 = turn(&v, p, n, 4, frontier);
+    free(r1.tokens);
+    free(r2.tokens);
+    free(r3.tokens);
+    env_close(&v);
+}
+
+/* Turns that keep all, part or none of the previous generation, with another conversation
+ * interleaved. Partial keeps restore at the deepest restore point at or below the divergence. */
+static void test_conversation_turns(void **st) {
+    (void)st;
+    env v;
+    env_open(&v, "nh-mix-f32", 8, 5, 1 << 30);
+    int32_t a[400], b[400];
+    int na = 30, nb = 25;
+    for (int i = 0; i < 400; i++) {
+        a[i] = rnd_token(v.V);
+        b[i] = rnd_token(v.V);
+    }
+    cn_result r = turn(&v, a, na, 5, 0);
+    for (int t = 0; t < 6; t++) {
+        /* keep all (t even) or drop the last two generated tokens (t odd) */
+        int keep = t % 2 ? r.eval_count - 2 : r.eval_count;
+        for (int i = 0; i < keep; i++) a[na++] = r.tokens[i];
+        for (int i = 0; i < 6; i++) a[na++] = rnd_token(v.V);
+        free(r.tokens);
+        /* the other conversation in between */
+        cn_result rb = turn(&v, b, nb, 3, -1);
+        for (int i = 0; i < rb.eval_count; i++) b[nb++] = rb.tokens[i];
+        free(rb.tokens);
+        r = turn(&v, a, na, 5, -1);
+        /* never more than the new tokens plus the spacing (and the pre-end margin) */
+        int new_tokens = 6 + (r.eval_count - keep);
+        assert_true(r.prompt_eval_count <= new_tokens + 8 + 4 + 6);
+    }
+    free(r.tokens);
+    /* a conversation that shares nothing */
+    int32_t c[20];
+    for (int i = 0; i < 20; i++) c[i] = rnd_token(v.V);
+    c[0] = a[0] == 21 ? 22 : 21;
+    r = turn(&v, c, 20, 2, 0);
+    free(r.tokens);
+    env_close(&v);
+}
+
+/* A prompt cancelled after k forwards, retried: resumes exactly where it stopped. */
+static void test_cancel_and_retry(void **st) {
+    (void)st;
+    env v;
+    env_open(&v, "nh-mix-f32", 16, 9, 1 << 30);
+    int32_t p[47];
+    for (int i = 0; i < 47; i++) p[i] = rnd_token(v.V);
+    cn_result res;
+    v.cancel_after = 2; /* forwards end at 9, 16 (a restore point), 25: stop after 25 */
+    assert_int_equal(run(&v, p, 47, 4, &res), CN_ECANCELED);
+    assert_int_equal(res.prompt_eval_count, 25);
+    int stopped = res.prompt_eval_count;
+    free(res.tokens);
+    /* a probe that diverges at token 12 restores at the deepest restore point at or below 12 */
+    int32_t probe[47];
+    memcpy(probe, p, sizeof probe);
+    probe[12] = probe[12] == 30 ? 31 : 30;
+    v.cancel_after = -1;
+    cn_result r = turn(&v, probe, 30, 2, 0); /* nothing but 0 lies at or below 12 here */
+    free(r.tokens);
+    /* retry: the cancelled attempt's frontier (25) survived the probe; cancel again at 41 */
+    v.cancel_after = 1;
+    assert_int_equal(run(&v, p, 47, 4, &res), CN_ECANCELED);
+    assert_int_equal(res.cached_tokens, stopped);
+    int second = res.cached_tokens + res.prompt_eval_count;
+    assert_int_equal(second, 41);
+    free(res.tokens);
+    v.cancel_after = -1;
+    r = turn(&v, p, 47, 3, second);
+    free(r.tokens);
+    env_close(&v);
+}
+
+/* Alternating between two branches of one prefix restores the right state each time. */
+static void test_branches_alternate(void **st) {
+    (void)st;
+    env v;
+    env_open(&v, "nh-mix-f32", 8, 6, 1 << 30);
+    int32_t x[60], y[60];
+    for (int i = 0; i < 60; i++) x[i] = rnd_token(v.V);
+    memcpy(y, x, sizeof y);
+    for (int i = 33; i < 60; i++) y[i] = rnd_token(v.V);
+    y[33] = x[33] == 40 ? 41 : 40;
+    cn_result r = turn(&v, x, 60, 2, 0);
+    free(r.tokens);
+    /* first visit of y lands below the branch point (33): deepest restore point is 32 */
+    r = turn(&v, y, 60, 2, 32);
+    free(r.tokens);
+    for (int k = 0; k < 3; k++) {
+        r = turn(&v, x, 60, 2, 56); /* x's pre-end point */
+        free(r.tokens);
+        r = turn(&v, y, 60, 2, 56);
+        free(r.tokens);
+    }
+    /* a third branch at the captured branch point 33 restores exactly there */
+    int32_t z[50];
+    memcpy(z, x, sizeof z);
+    for (int i = 33; i < 50; i++) z[i] = rnd_token(v.V);
+    z[33] = (x[33] == 50 || y[33] == 50) ? 51 : 50;
+    r = turn(&v, z, 50, 2, 33);
+    free(r.tokens);
+    env_close(&v);
+}
+
+/* 1 for a node eviction could take: off the active path, at most one child, holding bytes. */
+static int evictable(cn_node *n, void *ctx) {
+    env *v = ctx;
+    for (cn_node *x = v->e->pc.frontier; x; x = x->parent)
+        if (x == n) return 0;
+    return n->n_child <= 1;
+}
+
+/* Under a tiny budget the active path and branch points survive, bytes stay exact. */
+static void test_eviction(void **st) {
+    (void)st;
+    env v;
+    env_open(&v, "nh-mix-f32", 8, 8, 64 * 1024);
+    int32_t base[40];
+    for (int i = 0; i < 40; i++) base[i] = rnd_token(v.V);
+    for (int k = 0; k < 6; k++) {
+        int32_t p[70];
+        memcpy(p, base, sizeof base);
+        for (int i = 40; i < 70; i++) p[i] = rnd_token(v.V);
+        cn_result r = turn(&v, p, 70, 2, -1);
+        free(r.tokens);
+        /* over budget only if nothing evictable is left */
+        if (v.e->pc.ram_bytes > 64 * 1024) assert_int_equal(cn_trie_walk(&v.e->pc.trie, evictable, &v), 0);
+        /* the active path is intact: an identical retry restores at its pre-end point */
+        r = turn(&v, p, 70, 2, 66);
+        free(r.tokens);
+    }
+    assert_true(v.e->pc.n_evicted > 0);
+    env_close(&v);
+}
+
+/* LRU: a request touches only the nodes it used. */
+static void test_lru_touches_used_only(void **st) {
+    (void)st;
+    env v;
+    env_open(&v, "nh-mix-f32", 8, 8, 1 << 30);
+    int32_t a[30], b[30];
+    for (int i = 0; i < 30; i++) {
+        a[i] = rnd_token(v.V);
+        b[i] = rnd_token(v.V);
+    }
+    b[0] = a[0] == 25 ? 26 : 25;
+    cn_result r = turn(&v, a, 30, 1, 0);
+    free(r.tokens);
+    int m;
+    cn_node *na = cn_trie_match(&v.e->pc.trie, (const cn_key[]){(cn_key)a[0]}, 1, &m);
+    uint64_t before = na->last_used;
+    r = turn(&v, b, 30, 1, 0);
+    free(r.tokens);
+    assert_int_equal(na->last_used, before);
+    env_close(&v);
+}
+
+/* Models made here with one layer kind each (plus stateless MoE/MLP blocks). */
+static void open_pattern(env *v, const char *pattern, int spacing, int chunk) {
+    char *dir = tu_mkdtemp("pat");
+    assert_non_null(dir);
+    cn_synth_opts o;
+    cn_synth_opts_init(&o);
+    o.mtp = 0;
+    o.dtype = CN_F32;
+    o.pattern = pattern;
+    cn_err err;
+    cn_err_clear(&err);
+    int rc = cn_synth_write(dir, &o, &err);
+    if (rc) fprintf(stderr, "%s\n", err.msg);
+    assert_int_equal(rc, 0);
+    env_open_dir(v, dir, spacing, chunk, 1 << 30);
+    v->tmpdir = dir;
+}
+
+/* Every layer kind: attention only (any offset restores), recurrent only (node ends only),
+ * mixed; each with cancel/retry, branch and repeat. */
+static void kinds_scenario(const char *pattern, int attention_only) {
+    env v;
+    open_pattern(&v, pattern, 8, 5);
+    int32_t x[50], y[50];
+    for (int i = 0; i < 50; i++) x[i] = rnd_token(v.V);
+    memcpy(y, x, sizeof y);
+    for (int i = 21; i < 50; i++) y[i] = rnd_token(v.V);
+    y[21] = x[21] == 60 ? 61 : 60;
+    cn_result res;
+    v.cancel_after = 3;
+    assert_int_equal(run(&v, x, 50, 2, &res), CN_ECANCELED);
+    int stopped = res.prompt_eval_count;
+    free(res.tokens);
+    v.cancel_after = -1;
+    cn_result r = turn(&v, x, 50, 3, stopped);
+    free(r.tokens);
+    /* y diverges at 21: attention rewinds exactly there, recurrent layers to the restore point 16 */
+    r = turn(&v, y, 50, 3, attention_only ? 21 : 16);
+    free(r.tokens);
+    r = turn(&v, x, 50, 3, attention_only ? 49 : 48);
+    free(r.tokens);
+    env_close(&v);
+}
+
+static void test_kind_attention_only(void **st) { (void)st; kinds_scenario("**E*-E**", 1); }
+static void test_kind_recurrent_only(void **st) { (void)st; kinds_scenario("MEM-M", 0); }
+static void test_kind_mixed(void **st) { (void)st; kinds_scenario("M*E-M*", 0); }
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_repeat_and_extend),  cmocka_unit_test(test_conversation_turns),
+        cmocka_unit_test(test_cancel_and_retry),   cmocka_unit_test(test_branches_alternate),
+        cmocka_unit_test(test_eviction),           cmocka_unit_test(test_lru_touches_used_only),
+        cmocka_unit_test(test_kind_attention_only), cmocka_unit_test(test_kind_recurrent_only),
+        cmocka_unit_test(test_kind_mixed),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
