@@ -1,52 +1,75 @@
-/* cmd_generate.c - `cairn generate`: prefill a prompt, then sample up to N tokens.
+/* cmd_generate.c - `cairn generate`: one request through the engine (prefix cache included).
  *
  * Generation stops at max-tokens or at an end-of-sequence id from the model's generation config
- * (the stop token is not part of the output). --json prints one object on stdout.
+ * (the stop token is not part of the output). Ctrl-C is a cancellation like a client disconnect:
+ * the restore points the prefill crossed and the point it reached are kept in the cache (and
+ * written to the disk tier when --cache-dir is given), so the same command run again resumes.
+ * --json prints one object on stdout.
  */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cli/cli.h"
 #include "cli/cli_util.h"
 #include "cli/flags.h"
-#include "engine/sampler.h"
-#include "model/state.h"
+#include "engine/engine.h"
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+/* Set by the SIGINT handler, read by the engine's cancel poll: the one place a signal can reach. */
+static volatile sig_atomic_t g_interrupted;
+
+static void on_sigint(int sig) {
+    (void)sig;
+    g_interrupted = 1;
 }
 
-static int is_eos(const cn_config *c, int32_t t) {
-    for (int i = 0; i < c->n_eos; i++)
-        if (c->eos_token_ids[i] == t) return 1;
+static int cancel_poll(void *ctx) {
+    (void)ctx;
+    return g_interrupted != 0;
+}
+
+typedef struct stream_ctx {
+    int json;
+    int n;
+} stream_ctx;
+
+static int print_token(void *ctx, int32_t t) {
+    stream_ctx *s = ctx;
+    if (!s->json) {
+        printf("%s%d", s->n ? "," : "", t);
+        fflush(stdout);
+    }
+    s->n++;
     return 0;
 }
 
 int cn_cmd_generate(int argc, char **argv) {
     const char *model = NULL, *tokens_arg = NULL, *prompt = NULL;
     int max_tokens = 32, threads = 0, json = 0, ubatch = 0;
-    cn_sampler_params sp;
-    cn_sampler_params_default(&sp);
-    sp.temperature = 0.0f; /* a command-line run is reproducible unless asked otherwise */
+    cn_engine_opts eo = {.cache = {.pre_end = 4}};
+    cn_request rq = {0};
+    cn_sampler_params_default(&rq.sampling);
+    rq.sampling.temperature = 0.0f; /* a command-line run is reproducible unless asked otherwise */
     cn_flag flags[] = {
         {"model", CN_FLAG_STR, &model, "DIR", "model directory", 1, 0},
         {"tokens", CN_FLAG_STR, &tokens_arg, "IDS", "prompt ids: comma-separated or @FILE", 0, 0},
         {"prompt", CN_FLAG_STR, &prompt, "TEXT", "prompt text (needs the model's tokenizer)", 0, 0},
         {"max-tokens", CN_FLAG_INT, &max_tokens, "N", "tokens to generate (default 32)", 0, 0},
-        {"temperature", CN_FLAG_FLOAT, &sp.temperature, "T", "0 = greedy (default)", 0, 0},
-        {"top-k", CN_FLAG_INT, &sp.top_k, "K", "keep the K most likely tokens", 0, 0},
-        {"top-p", CN_FLAG_FLOAT, &sp.top_p, "P", "nucleus sampling", 0, 0},
-        {"min-p", CN_FLAG_FLOAT, &sp.min_p, "M", "drop tokens below M x the most likely", 0, 0},
-        {"repeat-penalty", CN_FLAG_FLOAT, &sp.repeat_penalty, "R", "penalise recent tokens", 0, 0},
-        {"presence-penalty", CN_FLAG_FLOAT, &sp.presence_penalty, "P", "", 0, 0},
-        {"frequency-penalty", CN_FLAG_FLOAT, &sp.frequency_penalty, "F", "", 0, 0},
-        {"seed", CN_FLAG_U64, &sp.seed, "S", "sampling seed", 0, 0},
+        {"temperature", CN_FLAG_FLOAT, &rq.sampling.temperature, "T", "0 = greedy (default)", 0, 0},
+        {"top-k", CN_FLAG_INT, &rq.sampling.top_k, "K", "keep the K most likely tokens", 0, 0},
+        {"top-p", CN_FLAG_FLOAT, &rq.sampling.top_p, "P", "nucleus sampling", 0, 0},
+        {"min-p", CN_FLAG_FLOAT, &rq.sampling.min_p, "M", "drop tokens below M x the most likely", 0, 0},
+        {"repeat-penalty", CN_FLAG_FLOAT, &rq.sampling.repeat_penalty, "R", "penalise recent tokens", 0, 0},
+        {"presence-penalty", CN_FLAG_FLOAT, &rq.sampling.presence_penalty, "P", "", 0, 0},
+        {"frequency-penalty", CN_FLAG_FLOAT, &rq.sampling.frequency_penalty, "F", "", 0, 0},
+        {"seed", CN_FLAG_U64, &rq.sampling.seed, "S", "sampling seed", 0, 0},
+        {"ctx", CN_FLAG_INT, &eo.ctx, "N", "context length (default: 4096 or what the request needs)", 0, 0},
+        {"chunk", CN_FLAG_INT, &eo.chunk, "N", "prompt tokens per forward (default 512)", 0, 0},
+        {"cache-spacing", CN_FLAG_INT, &eo.cache.spacing, "N", "a restore point every N prompt tokens (default 1024)", 0, 0},
+        {"cache-ram", CN_FLAG_SIZE, &eo.cache.ram_budget, "SIZE", "host RAM for restore points (default 4G)", 0, 0},
         {"threads", CN_FLAG_INT, &threads, "N", "CPU threads (default: all cores)", 0, 0},
-        {"ubatch", CN_FLAG_INT, &ubatch, "N", "tokens per forward chunk (default 256)", 0, 0},
+        {"ubatch", CN_FLAG_INT, &ubatch, "N", "tokens per forward chunk of scratch (default 256)", 0, 0},
         {"json", CN_FLAG_BOOL, &json, NULL, "print one JSON object", 0, 0},
         {NULL, 0, NULL, NULL, NULL, 0, 0},
     };
@@ -59,8 +82,8 @@ int cn_cmd_generate(int argc, char **argv) {
         cn_flags_usage(flags, syn, stderr);
         return 2;
     }
-    if (max_tokens < 0) {
-        fprintf(stderr, "cairn: --max-tokens must be >= 0\n");
+    if (max_tokens < 0 || eo.ctx < 0 || eo.chunk < 0 || eo.cache.spacing < 0) {
+        fprintf(stderr, "cairn: --max-tokens, --ctx, --chunk and --cache-spacing must be >= 0\n");
         return 2;
     }
     if (prompt) {
@@ -71,74 +94,61 @@ int cn_cmd_generate(int argc, char **argv) {
     int32_t *ids = NULL;
     int n = 0;
     if ((rc = cn_cli_parse_tokens(tokens_arg, &ids, &n))) return rc == CN_EUSAGE ? 2 : 1;
+    if (eo.ctx == 0) eo.ctx = n + max_tokens + 1 > 4096 ? n + max_tokens + 1 : 4096;
     cn_backend *b;
     cn_model *m;
     if (cn_cli_open_model(model, threads, ubatch, &b, &m)) {
         free(ids);
         return 1;
     }
-    const cn_config *c = cn_model_config(m);
-    int V = c->vocab_size, status = 1, n_out = 0;
-    cn_state *s = NULL;
-    cn_sampler smp;
-    int smp_ok = 0;
-    float *logits = malloc((size_t)V * sizeof *logits);
-    int32_t *out = malloc(((size_t)max_tokens + 1) * sizeof *out);
-    double t0 = 0, t1 = 0, t2 = 0;
-    if (!logits || !out) {
-        fprintf(stderr, "cairn: out of memory\n");
+    int status = 1;
+    cn_engine *e = NULL;
+    cn_err err;
+    cn_err_clear(&err);
+    if ((rc = cn_engine_open(&e, m, &eo, &err))) {
+        fprintf(stderr, "cairn: %s\n", err.msg);
         goto done;
     }
-    if ((rc = cn_sampler_init(&smp, &sp, V))) {
-        fprintf(stderr, "cairn: invalid sampling parameters\n");
-        status = 2;
+    stream_ctx sc = {json, 0};
+    rq.tokens = ids;
+    rq.n_tokens = n;
+    rq.max_tokens = max_tokens;
+    rq.cancel = cancel_poll;
+    rq.on_token = print_token;
+    rq.ctx = &sc;
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old);
+    cn_result res;
+    rc = cn_engine_generate(e, &rq, &res);
+    sigaction(SIGINT, &old, NULL);
+    if (rc && rc != CN_ECANCELED) {
+        fprintf(stderr, "cairn: generation failed: %s%s\n", cn_strerror(rc),
+                rc == CN_EINVAL ? " (is every token id below the vocabulary size?)" :
+                rc == CN_ECONTEXT ? " (raise --ctx)" : "");
+        free(res.tokens);
         goto done;
     }
-    smp_ok = 1;
-    if ((rc = cn_state_create(&s, m, n + max_tokens + 1, 0))) {
-        fprintf(stderr, "cairn: cannot allocate the state: %s\n", cn_strerror(rc));
-        goto done;
-    }
-    for (int i = 0; i < n; i++) cn_sampler_accept(&smp, ids[i]);
-    t0 = now_ms();
-    cn_batch bt = {.tokens = ids, .n = n, .logits = logits};
-    if ((rc = cn_model_forward(m, s, &bt))) {
-        fprintf(stderr, "cairn: prefill failed: %s%s\n", cn_strerror(rc),
-                rc == CN_EINVAL ? " (is every token id below the vocabulary size?)" : "");
-        goto done;
-    }
-    t1 = now_ms();
-    while (n_out < max_tokens) {
-        int32_t t = cn_sampler_sample(&smp, logits);
-        if (is_eos(c, t)) break;
-        out[n_out++] = t;
-        cn_sampler_accept(&smp, t);
-        if (!json) {
-            printf("%s%d", n_out > 1 ? "," : "", t);
-            fflush(stdout);
-        }
-        if (n_out == max_tokens) break;
-        if ((rc = cn_model_decode(m, s, t, logits))) {
-            fprintf(stderr, "cairn: decode failed: %s\n", cn_strerror(rc));
-            goto done;
-        }
-    }
-    t2 = now_ms();
     if (json) {
-        printf("{\"prompt_tokens\":%d,\"prompt_eval_count\":%d,\"eval_count\":%d,\"tokens\":[", n, n, n_out);
-        for (int i = 0; i < n_out; i++) printf("%s%d", i ? "," : "", out[i]);
-        printf("],\"prompt_eval_ms\":%.3f,\"eval_ms\":%.3f}\n", t1 - t0, t2 - t1);
+        printf("{\"prompt_tokens\":%d,\"cached_tokens\":%d,\"prompt_eval_count\":%d,\"eval_count\":%d,"
+               "\"tokens\":[", res.prompt_tokens, res.cached_tokens, res.prompt_eval_count, res.eval_count);
+        for (int i = 0; i < res.eval_count; i++) printf("%s%d", i ? "," : "", res.tokens[i]);
+        printf("],\"done_reason\":\"%s\",\"prompt_eval_ms\":%.3f,\"eval_ms\":%.3f}\n",
+               res.stop == CN_STOP_EOS ? "stop" : res.stop == CN_STOP_CANCELED ? "canceled" : "length",
+               res.prompt_ms, res.eval_ms);
     } else {
         printf("\n");
-        fprintf(stderr, "cairn: prompt %d tokens in %.1f ms (%.1f tok/s), generated %d in %.1f ms (%.1f tok/s)\n",
-                n, t1 - t0, n * 1e3 / (t1 - t0 + 1e-9), n_out, t2 - t1, n_out * 1e3 / (t2 - t1 + 1e-9));
+        fprintf(stderr, "cairn: prompt %d tokens (%d cached, %d evaluated) in %.1f ms, generated %d in %.1f ms (%.1f tok/s)%s\n",
+                res.prompt_tokens, res.cached_tokens, res.prompt_eval_count, res.prompt_ms,
+                res.eval_count, res.eval_ms, res.eval_count * 1e3 / (res.eval_ms + 1e-9),
+                rc == CN_ECANCELED ? " - interrupted" : "");
     }
-    status = 0;
+    free(res.tokens);
+    status = rc == CN_ECANCELED ? 130 : 0;
 done:
-    if (smp_ok) cn_sampler_free(&smp);
-    cn_state_free(s);
-    free(logits);
-    free(out);
+    cn_engine_close(e);
     free(ids);
     cn_cli_close_model(b, m);
     return status;

@@ -46,6 +46,24 @@ static int set_value(cn_flag *fl, const char *v) {
     }
     case CN_FLAG_BOOL:
         return -1;
+    case CN_FLAG_SIZE: {
+        if (*v == '-') return -1;
+        double x = strtod(v, &end);
+        if (errno || end == v || !(x >= 0)) return -1;
+        double mul = 1;
+        switch (*end) {
+        case 'k': case 'K': mul = 1024.0; end++; break;
+        case 'm': case 'M': mul = 1024.0 * 1024; end++; break;
+        case 'g': case 'G': mul = 1024.0 * 1024 * 1024; end++; break;
+        case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; end++; break;
+        default: break;
+        }
+        if ((*end == 'i' || *end == 'I') && mul > 1) end++;
+        if (*end == 'b' || *end == 'B') end++;
+        if (*end || x * mul > 1.8e19) return -1;
+        *(uint64_t *)fl->dst = (uint64_t)(x * mul);
+        return 0;
+    }
     }
     return -1;
 }

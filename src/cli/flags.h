@@ -18,6 +18,7 @@ typedef enum cn_flag_type {
     CN_FLAG_U64,   /* uint64_t * */
     CN_FLAG_FLOAT, /* float * */
     CN_FLAG_BOOL,  /* int *, set to 1 when present */
+    CN_FLAG_SIZE,  /* uint64_t * bytes: "1048576", "512K", "64M", "4G", "1T" (powers of 1024) */
 } cn_flag_type;
 
 typedef struct cn_flag {
