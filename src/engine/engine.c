@@ -128,6 +128,7 @@ int cn_engine_generate(cn_engine *e, const cn_request *r, cn_result *res) {
         if ((rc = forward(e, &sess, all, pos, end, end == n))) goto close;
         res->prompt_eval_count += end - pos;
         pos = end;
+        if (r->on_progress) r->on_progress(r->ctx, pos, n);
         if (pos < n && r->cancel && r->cancel(r->ctx)) {
             rc = CN_ECANCELED;
             res->stop = CN_STOP_CANCELED;

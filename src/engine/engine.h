@@ -42,6 +42,9 @@ typedef struct cn_engine {
 typedef int (*cn_cancel_fn)(void *ctx);
 /* Called with each generated token after it is recorded; nonzero stops generation. */
 typedef int (*cn_token_fn)(void *ctx, int32_t token);
+/* Called after each prefill forward: `done` of `total` prompt tokens are in the caches (restored
+ * ones included), so a server can send keep-alives with progress during a long prompt. */
+typedef void (*cn_progress_fn)(void *ctx, int done, int total);
 
 typedef struct cn_request {
     const int32_t *tokens; /* [n_tokens] the prompt */
@@ -50,6 +53,7 @@ typedef struct cn_request {
     cn_sampler_params sampling;
     cn_cancel_fn cancel;   /* (optional) */
     cn_token_fn on_token;  /* (optional) */
+    cn_progress_fn on_progress; /* (optional) */
     void *ctx;
     float *prompt_logits;  /* OUT (optional): [vocab] logits after the prompt's last token */
 } cn_request;
