@@ -142,6 +142,12 @@ int cn_cmd_parse(int argc, char **argv) {
     cn_err err;
     char *json = NULL;
     if (!c.calls) goto oom;
+    if (cn_parser_init(&p, renderer, 1, NULL, &err)) { /* an unknown --renderer is a usage error */
+        fprintf(stderr, "cairn: --renderer: %s\n", err.msg);
+        status = 2;
+        goto done;
+    }
+    cn_parser_free(&p);
     if (tools_path && !(tools_root = load_tools(tools_path, &tools))) goto done;
     if ((rc = read_all(stdin, &in))) {
         fprintf(stderr, "cairn: reading stdin: %s\n", cn_strerror(rc));
