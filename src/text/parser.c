@@ -13,6 +13,7 @@
  */
 #include "text/parser.h"
 
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -246,9 +247,29 @@ static int run(cn_parser *p, int final, cn_parse_event_fn cb, void *ctx) {
 static int fail(cn_parser *p, int rc) {
     p->state = CN_PS_FAILED;
     p->fail_code = rc;
-    if (rc == CN_ENOMEM) return cn_err_set(&p->err, rc, "out of memory parsing a tool call");
-    return cn_err_set(&p->err, rc, "stopped by the event callback: %s", cn_strerror(rc));
+    return cn_err_set(&p->err, rc, "parser stopped: %s", cn_strerror(rc));
 }
+
+#ifndef NDEBUG
+/* Invariants (1) and (2) in the shape checkable cheaply; asserted after every feed. */
+static int parser_check(const cn_parser *p) {
+    if (p->pos > p->len || p->len >= p->cap || p->u8_tail > 3 || p->u8_tail > p->len - p->pos)
+        return 0;
+    size_t n = p->len - p->pos;
+    switch (p->state) {
+    case CN_PS_THINK_START:
+    case CN_PS_THINK:
+    case CN_PS_CONTENT: { /* held: whitespace, then a partial tag or half a character */
+        size_t m = n - p->u8_tail, w = lead_ws(p->buf + p->pos, m);
+        return m == w || (m - w < LIT_LEN(CALL_OPEN) && p->buf[p->pos + w] == '<');
+    }
+    case CN_PS_CALL:
+        return p->call_ws + LIT_LEN(CALL_OPEN) <= n && p->scan <= n &&
+               !memcmp(p->buf + p->pos + p->call_ws, CALL_OPEN, LIT_LEN(CALL_OPEN));
+    default: return 1;
+    }
+}
+#endif
 
 /* ---------- public ---------- */
 
@@ -313,7 +334,9 @@ int cn_parser_feed(cn_parser *p, const char *text, size_t len, cn_parse_event_fn
     p->u8_tail = tail;
     p->fed += len;
     int rc = run(p, 0, cb, ctx);
-    return rc ? fail(p, rc) : 0;
+    if (rc) return fail(p, rc);
+    assert(parser_check(p));
+    return 0;
 }
 
 int cn_parser_finish(cn_parser *p, cn_parse_event_fn cb, void *ctx) {

@@ -10,9 +10,10 @@
  *   (1) Chunking never changes the result: after joining adjacent text events of one kind, any cut
  *       of the same bytes into feeds gives the same events (tests/text/test_parser.c cuts real-
  *       looking outputs at every byte).
- *   (2) Streaming stays live: it holds back only a partial tag (at most 11 bytes), the whitespace
- *       directly before it or at the end (a trim rule may still drop it), an incomplete UTF-8
- *       character, and the body of an open tool call. Ordinary text is never buffered.
+ *   (2) Streaming stays live: it holds back only a proper prefix of a tag (10 bytes at most), the
+ *       whitespace run directly before it or at the end (a trim rule may still drop it), an
+ *       incomplete UTF-8 character, and the body of an open tool call (announced whole). Ordinary
+ *       text is never buffered.
  *   (3) Nothing generated is lost: a partial tag that turns out to be text is emitted with the
  *       whitespace before it; a malformed or unterminated tool call comes back verbatim as content.
  *   (4) Text events are non-empty, NUL-terminated, valid UTF-8, and never split a character.
@@ -36,8 +37,8 @@
  *     else (no `</function>`, text outside a parameter, empty name) is malformed: the call, the
  *     whitespace before it and its tags are emitted as content, byte for byte. A call still open at
  *     cn_parser_finish() is content too.
- *   - values are typed by the tool's JSON schema (see parser.c: type_value) ; without a schema a
- *     value that is valid JSON is that JSON, else a string.
+ *   - values are typed by the tool's JSON schema (toolcall.h lists the rules); without a schema
+ *     a value that is valid JSON is that JSON, else a string.
  *   - whitespace is ASCII whitespace (space, \t, \n, \v, \f, \r).
  *
  * States (each transition happens inside cn_parser_feed/finish when the deciding bytes arrive):

@@ -23,8 +23,9 @@
  *                does: a model writes null for "no value");
  *       object / array: JSON of that kind, else the same after Python-literal repair ('single
  *                quotes', True/False/None, a trailing comma) → the value;
- *   - no schema (unknown tool, unknown key, no or unknown type): valid JSON → that value, else the
- *     string.
+ *       a type name not listed above: valid JSON → that value;
+ *   - no schema (unknown tool, unknown key, a property with no type, anyOf, oneOf or enum): valid
+ *     JSON → that value, else the string.
  */
 #ifndef CN_TEXT_TOOLCALL_H
 #define CN_TEXT_TOOLCALL_H
