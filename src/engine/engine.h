@@ -56,6 +56,9 @@ typedef struct cn_request {
     cn_progress_fn on_progress; /* (optional) */
     void *ctx;
     float *prompt_logits;  /* OUT (optional): [vocab] logits after the prompt's last token */
+    const cn_media_item *media; /* (optional) [n_media] media expansions in the prompt, sorted: their
+                                 * ranges are keyed by content in the cache, the model sees ids */
+    int n_media;
 } cn_request;
 
 typedef enum cn_stop { CN_STOP_LENGTH = 0, CN_STOP_EOS, CN_STOP_CALLER, CN_STOP_CANCELED } cn_stop;
