@@ -8,5 +8,8 @@ const cn_cli_command cn_cli_commands[] = {
     {"logits", cn_cmd_logits},
     {"make-model", cn_cmd_make_model},
     {"info", cn_cmd_info},
+    {"tokenize", cn_cmd_tokenize},
+    {"detokenize", cn_cmd_detokenize},
+    {"bench", cn_cmd_bench},
     {NULL, NULL},
 };

@@ -12,6 +12,9 @@ static void usage(FILE *f) {
           "  logits      write all-position logits of a token sequence\n"
           "  make-model  write a synthetic NemotronH checkpoint\n"
           "  info        describe a model directory\n"
+          "  tokenize    text to token ids (tokenizer.json)\n"
+          "  detokenize  token ids to text\n"
+          "  bench       speed measurements (bench tokenizer)\n"
           "\n"
           "Run `cairn <command> --help` for the options of one command.\n",
           f);

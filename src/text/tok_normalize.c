@@ -12,6 +12,20 @@
 
 #include "text/tok_impl.h"
 
+static int map_region(utf8proc_option_t opt, const char *s, size_t n, tok_buf *out, cn_err *err) {
+    utf8proc_uint8_t *r = NULL;
+    utf8proc_ssize_t rn = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &r, opt);
+    if (rn < 0) return cn_err_set(err, CN_EINVAL, "unicode normalization failed: %s", utf8proc_errmsg(rn));
+    int rc = tok_buf_put(out, r, (size_t)rn);
+    free(r);
+    return rc ? cn_err_set(err, CN_ENOMEM, "out of memory") : CN_OK;
+}
+
+/* Every normalization form maps x + y to form(x) + form(y) when y starts with an ASCII character:
+ * ASCII characters are starters that no canonical composition has as its second half, and marks
+ * never reorder across a starter. So only the regions around non-ASCII text (with the ASCII
+ * character before them, which a combining mark may compose with) go through utf8proc; ASCII runs
+ * are copied. This keeps normalization off the profile of mostly-ASCII text. */
 static int unicode_form(tok_norm_kind k, const char *s, size_t n, tok_buf *out, cn_err *err) {
     utf8proc_option_t opt = UTF8PROC_STABLE;
     switch (k) {
@@ -20,16 +34,19 @@ static int unicode_form(tok_norm_kind k, const char *s, size_t n, tok_buf *out, 
     case TOK_NORM_NFKC: opt |= UTF8PROC_COMPOSE | UTF8PROC_COMPAT; break;
     default: opt |= UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT; break;
     }
-    /* ASCII is invariant under every normalization form: skip the library for it. */
+    if (tok_buf_reserve(out, n + 1)) return cn_err_set(err, CN_ENOMEM, "out of memory");
     size_t i = 0;
-    while (i < n && (unsigned char)s[i] < 0x80) i++;
-    if (i == n) return tok_buf_put(out, s, n) ? cn_err_set(err, CN_ENOMEM, "out of memory") : CN_OK;
-    utf8proc_uint8_t *r = NULL;
-    utf8proc_ssize_t rn = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &r, opt);
-    if (rn < 0) return cn_err_set(err, CN_EINVAL, "unicode normalization failed: %s", utf8proc_errmsg(rn));
-    int rc = tok_buf_put(out, r, (size_t)rn);
-    free(r);
-    return rc ? cn_err_set(err, CN_ENOMEM, "out of memory") : CN_OK;
+    while (i < n) {
+        size_t a = i;
+        while (i < n && (unsigned char)s[i] < 0x80) i++;
+        if (i == n) return tok_buf_put(out, s + a, i - a) ? cn_err_set(err, CN_ENOMEM, "out of memory") : CN_OK;
+        size_t start = i > a ? i - 1 : i; /* the ASCII character before may compose with a mark */
+        if (tok_buf_put(out, s + a, start - a)) return cn_err_set(err, CN_ENOMEM, "out of memory");
+        while (i < n && (unsigned char)s[i] >= 0x80) i++;
+        int rc = map_region(opt, s + start, i - start, out, err);
+        if (rc) return rc;
+    }
+    return tok_buf_put(out, "", 0) ? cn_err_set(err, CN_ENOMEM, "out of memory") : CN_OK;
 }
 
 static int lowercase(const char *s, size_t n, tok_buf *out, cn_err *err) {
