@@ -10,5 +10,8 @@ const cn_cli_command cn_cli_commands[] = {
     {"info", cn_cmd_info},
     {"parse", cn_cmd_parse},
     {"render", cn_cmd_render},
+    {"tokenize", cn_cmd_tokenize},
+    {"detokenize", cn_cmd_detokenize},
+    {"bench", cn_cmd_bench},
     {NULL, NULL},
 };

@@ -14,6 +14,9 @@ static void usage(FILE *f) {
           "  info        describe a model directory\n"
           "  parse       split generated text into thinking, content and tool calls\n"
           "  render      write the prompt of a chat request (JSON on stdin)\n"
+          "  tokenize    text to token ids (tokenizer.json)\n"
+          "  detokenize  token ids to text\n"
+          "  bench       speed measurements (bench tokenizer)\n"
           "\n"
           "Run `cairn <command> --help` for the options of one command.\n",
           f);
