@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -454,6 +455,26 @@ static int mkdir_p(char *path) {
     return mkdir(path, 0755) && errno != EEXIST ? -1 : 0;
 }
 
+/* Removes "<id>.<pid>.tmp" files whose writer process is gone (it crashed mid-write). */
+static void remove_orphans(const char *dir) {
+    DIR *dp = opendir(dir);
+    if (!dp) return;
+    struct dirent *de;
+    while ((de = readdir(dp))) {
+        size_t len = strlen(de->d_name);
+        if (len < 22 || strcmp(de->d_name + len - 4, ".tmp") || de->d_name[16] != '.') continue;
+        long pid = strtol(de->d_name + 17, NULL, 10);
+        if (pid <= 0 || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+        size_t n = strlen(dir) + len + 2;
+        char *p = malloc(n);
+        if (!p) continue;
+        snprintf(p, n, "%s/%s", dir, de->d_name);
+        unlink(p);
+        free(p);
+    }
+    closedir(dp);
+}
+
 int cn_disk_open(cn_disk **out, const char *root, uint64_t model_id, uint64_t queue_limit,
                  cn_err *err) {
     cn_disk *d = calloc(1, sizeof *d);
@@ -475,6 +496,8 @@ int cn_disk_open(cn_disk **out, const char *root, uint64_t model_id, uint64_t qu
                         errno ? strerror(errno) : "not a directory");
         goto fail;
     }
+    remove_orphans(d->dir);
+    cn_log_get_level(); /* read CAIRN_LOG here, not first in the writer thread */
     if (pthread_create(&d->thread, NULL, writer, d)) {
         rc = cn_err_set(err, CN_ENOMEM, "cannot start the cache writer thread");
         goto fail;

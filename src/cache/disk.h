@@ -105,8 +105,8 @@ uint64_t cn_disk_node_id(const cn_key *keys, int n);
 /* "<root>/<model id hex>" into buf. */
 void cn_disk_model_dir(const char *root, uint64_t model_id, char *buf, int size);
 
-/* Opens the tier for one model under root (creating root and the model's folder) and starts the
- * writer thread. queue_limit: bytes of images waiting to be written (0: 256 MiB). Errors name the
+/* Opens the tier for one model under root (creating root and the model's folder), removes the
+ * temporary files of writers that died mid-write, and starts the writer thread. queue_limit: bytes of images waiting to be written (0: 256 MiB). Errors name the
  * folder (CN_EIO, CN_ENOMEM). */
 int cn_disk_open(cn_disk **out, const char *root, uint64_t model_id, uint64_t queue_limit,
                  cn_err *err);

@@ -225,7 +225,25 @@ int cn_pc_init(cn_prefix_cache *pc, cn_state *live, const cn_pc_opts *o) {
     return cn_state_reset(live);
 }
 
+static int evict(cn_prefix_cache *pc, int ram_too);
+
+static int sync_node(cn_node *n, void *ctx) {
+    cn_prefix_cache *pc = ctx;
+    if (node_write(pc, n) == CN_EBUSY) {
+        cn_disk_flush(pc->disk);
+        node_write(pc, n);
+    }
+    return 0;
+}
+
 void cn_pc_free(cn_prefix_cache *pc) {
+    if (pc->disk) {
+        /* Nodes a full queue turned away are written now, waiting for room (shutdown may wait
+         * on the disk; requests never do), so that an exit right after a cancelled request keeps
+         * everything it absorbed. */
+        cn_trie_walk(&pc->trie, sync_node, pc);
+        evict(pc, 0);
+    }
     cn_disk_close(pc->disk); /* drains the queue: what close handed over reaches the disk */
     if (pc->trie.root) cn_trie_free(&pc->trie);
     free(pc->kind);
@@ -691,10 +709,17 @@ static uint64_t node_bytes(const cn_prefix_cache *pc, const cn_node *n) {
     return b;
 }
 
+/* What a pick looks for. */
+typedef enum pick_kind {
+    PICK_DROP_RAM,  /* a node to drop for RAM: any node without a disk tier, else one holding RAM */
+    PICK_DROP_DISK, /* a node to drop for disk: one with a file */
+    PICK_PAGE_OUT,  /* a node whose RAM can go to disk: any holding RAM, the active path and
+                     * branch points included (nothing leaves the trie) */
+} pick_kind;
+
 typedef struct pick_ctx {
     const cn_prefix_cache *pc;
-    cn_snap_tier tier; /* RAM: a node holding RAM bytes (any node without a disk tier); DISK: a
-                        * node with a file */
+    pick_kind kind;
     cn_node *best;
 } pick_ctx;
 
@@ -708,15 +733,19 @@ static int better(const cn_prefix_cache *pc, const cn_node *a, const cn_node *b)
 
 static int pick(cn_node *n, void *ctx) {
     pick_ctx *c = ctx;
-    if (n->n_child > 1 || on_active_path(c->pc, n)) return 0;
-    if (c->tier == CN_SNAP_DISK && !n->disk_id) return 0;
-    if (c->tier == CN_SNAP_RAM && c->pc->disk && !node_bytes(c->pc, n)) return 0;
+    if (c->kind == PICK_PAGE_OUT) {
+        if (!node_bytes(c->pc, n)) return 0;
+    } else {
+        if (n->n_child > 1 || on_active_path(c->pc, n)) return 0;
+        if (c->kind == PICK_DROP_DISK && !n->disk_id) return 0;
+        if (c->kind == PICK_DROP_RAM && c->pc->disk && !node_bytes(c->pc, n)) return 0;
+    }
     if (better(c->pc, n, c->best)) c->best = n;
     return 0;
 }
 
-static cn_node *pick_in(const cn_prefix_cache *pc, cn_snap_tier tier) {
-    pick_ctx c = {pc, tier, NULL};
+static cn_node *pick_in(const cn_prefix_cache *pc, pick_kind kind) {
+    pick_ctx c = {pc, kind, NULL};
     cn_trie_walk(&pc->trie, pick, &c);
     return c.best;
 }
@@ -746,23 +775,26 @@ static int drop_node(cn_prefix_cache *pc, cn_node *n) {
     return CN_OK;
 }
 
-/* Each round either pages one node out (its RAM becomes 0 and only a merge's page-in can raise
- * it again) or removes one node, so the loop ends. */
-int cn_pc_evict(cn_prefix_cache *pc) {
+/* Each round pages one node out (its RAM becomes 0 and only a merge's page-in can raise it
+ * again), removes one node, or stops, so the loop ends. With ram 0 only the disk budget counts. */
+static int evict(cn_prefix_cache *pc, int ram_too) {
     int evicted = 0;
     for (;;) {
-        int ram = pc->ram_bytes > pc->o.ram_budget;
+        int ram = ram_too && pc->ram_bytes > pc->o.ram_budget;
         int disk = pc->disk && pc->disk_bytes > pc->disk_budget;
-        cn_node *n = ram ? pick_in(pc, CN_SNAP_RAM) : NULL;
-        if (n && pc->disk && page_out(pc, n) == CN_OK) continue;
+        cn_node *n = ram && pc->disk ? pick_in(pc, PICK_PAGE_OUT) : NULL;
+        if (n && page_out(pc, n) == CN_OK) continue;
         /* without a disk tier, or with its queue full, a RAM node is dropped as before */
-        if (!n && disk) n = pick_in(pc, CN_SNAP_DISK);
+        n = ram ? pick_in(pc, PICK_DROP_RAM) : NULL;
+        if (!n && disk) n = pick_in(pc, PICK_DROP_DISK);
         if (!n || drop_node(pc, n)) break;
         evicted++;
         pc->n_evicted++;
     }
     return evicted;
 }
+
+int cn_pc_evict(cn_prefix_cache *pc) { return evict(pc, 1); }
 
 /* ---- attaching the disk tier: the trie rebuilt from files --------------------------------------- */
 
@@ -932,10 +964,10 @@ int cn_pc_attach_disk(cn_prefix_cache *pc, const char *dir, uint64_t model_id, u
             goto fail;
         }
         if (r) {
-            char path[600];
-            cn_disk_model_dir(dir, model_id, path, sizeof path);
-            cn_warn("cache: skipping %s/%016llx%s: it overlaps a node rebuilt from another file",
-                    path, (unsigned long long)a.f[i].h.id, CN_DISK_EXT);
+            /* Left by a rewrite a crash interrupted: the other file holds the current shape. */
+            cn_warn("cache: skipping %s/%016llx%s: it overlaps a node rebuilt from another file "
+                    "(removed)", cn_disk_dir(pc->disk), (unsigned long long)a.f[i].h.id, CN_DISK_EXT);
+            cn_disk_remove(pc->disk, a.f[i].h.id);
             pc->n_disk_skipped++;
         } else {
             pc->n_disk_loaded++;

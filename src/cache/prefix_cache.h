@@ -31,7 +31,7 @@
  * the close that creates or changes it (the request only copies its bytes to the writer), so the
  * disk holds every restore point and RAM the recently used ones. Over the RAM budget, the least
  * recently used nodes are paged out (RAM freed, the node stays in the trie, its slots become
- * DISK); over the disk budget, nodes are dropped from every tier in the same order and with the
+ * DISK; the active path too, as nothing leaves the trie); over the disk budget, nodes are dropped from every tier in the same order and with the
  * same protections as RAM-only eviction. begin pages in the DISK nodes a restore needs; a file
  * that fails verification is reported, moved aside, and its restore point treated as absent, so
  * the restore lands at a shallower point. A restart rebuilds the trie from the files.
@@ -99,7 +99,8 @@ typedef struct cn_pc_session {
 } cn_pc_session;
 
 int cn_pc_init(cn_prefix_cache *pc, cn_state *live, const cn_pc_opts *o);
-/* Frees the trie; with a disk tier, waits for the writer to finish first (files stay). */
+/* Frees the trie; with a disk tier, first writes the nodes a full queue turned away (waiting for
+ * room), keeps the disk budget, and waits for the writer to finish (files stay). */
 void cn_pc_free(cn_prefix_cache *pc);
 
 /* Adds the disk tier under dir for the model whose identity is model_id (cn_model_identity),
@@ -107,7 +108,8 @@ void cn_pc_free(cn_prefix_cache *pc);
  * request. Every file in the model's folder is verified; a corrupt, truncated, foreign or
  * mismatched file is skipped with a warning and moved aside ("<name>.bad"; files of a newer
  * format version are left alone), a file whose edge would split another stored node is skipped
- * with a warning and left alone. The others become DISK-tier nodes; where a file's parent is
+ * with a warning and removed (a leftover of a rewrite a crash interrupted). The others become
+ * DISK-tier nodes; where a file's parent is
  * missing, an empty node spans the gap (its rows are filled in by the next request that crosses
  * it). Returns 0, CN_EBUSY if the trie is not empty or a tier is attached, CN_EIO (err names the
  * folder) or CN_ENOMEM; on error nothing is attached. */
