@@ -28,13 +28,14 @@
  *
  * Tiers (disk.h draws a snapshot's life). LIVE slots cost nothing; RAM slots count against
  * ram_budget; with a disk tier attached (cn_pc_attach_disk) every node is also written to disk at
- * the close that creates or changes it (the request only copies its bytes to the writer), so the
- * disk holds every restore point and RAM the recently used ones. Over the RAM budget, the least
- * recently used nodes are paged out (RAM freed, the node stays in the trie, its slots become
- * DISK; the active path too, as nothing leaves the trie); over the disk budget, nodes are dropped from every tier in the same order and with the
- * same protections as RAM-only eviction. begin pages in the DISK nodes a restore needs; a file
- * that fails verification is reported, moved aside, and its restore point treated as absent, so
- * the restore lands at a shallower point. A restart rebuilds the trie from the files.
+ * the close that creates or changes it, cancelled requests included (the request only copies its
+ * bytes to the writer), so the disk holds every restore point and RAM the recently used ones.
+ * Over the RAM budget, the least recently used nodes are paged out: RAM freed, the node keeps its
+ * place in the trie, its slots become DISK (the active path's too, as nothing leaves the trie).
+ * Over the disk budget, nodes are dropped from every tier in the order and with the protections
+ * of RAM-only eviction. begin pages in the DISK nodes a restore needs; a file that fails
+ * verification is reported, moved aside, and its restore point treated as absent, so the restore
+ * lands at a shallower point. A restart rebuilds the trie from the files.
  */
 #ifndef CN_PREFIX_CACHE_H
 #define CN_PREFIX_CACHE_H

@@ -89,6 +89,10 @@ int cn_cmd_generate(int argc, char **argv) {
         fprintf(stderr, "cairn: --max-tokens, --ctx, --chunk and --cache-spacing must be >= 0\n");
         return 2;
     }
+    if (eo.disk_budget && !eo.cache_dir) {
+        fprintf(stderr, "cairn: --cache-disk needs --cache-dir\n");
+        return 2;
+    }
     if (prompt) {
         fprintf(stderr, "cairn: --prompt needs the tokenizer, which this build does not have yet; "
                         "use --tokens\n");

@@ -235,6 +235,11 @@ static void test_usage(void **st) {
     assert_int_equal(run(NULL, &e, "%s cache", bin()), 2);
     assert_non_null(strstr(e, "--cache-dir"));
     free(e);
+    assert_int_equal(run(NULL, &e, "%s generate --model x --tokens 1 --cache-disk 1G", bin()), 2);
+    assert_non_null(strstr(e, "--cache-dir"));
+    free(e);
+    assert_int_equal(run(NULL, &e, "%s generate --model x --tokens 1 --cache-dir /tmp --cache-disk 12Q", bin()), 2);
+    free(e);
     assert_int_equal(run(NULL, &e, "%s cache --cache-dir %s/none", bin(), g_tmp), 1);
     assert_non_null(strstr(e, "none"));
     free(e);
