@@ -35,24 +35,25 @@
  *     H             P        payload: each present slot's bytes, in layer order (P = sum of bytes)
  *     H+P           8        xxh64 (seed 0) of bytes [0, H+P)
  *
- * The life of one layer snapshot across tiers (cn_snap.tier; the node's file is shown on the
- * right; functions named are in prefix_cache.c unless marked):
+ * The life of one layer snapshot across tiers (cn_snap.tier; transitions in prefix_cache.c):
  *
- *        forward (KV rows)          capture / close (recurrent state)
- *              |                              |
- *              v                              |
- *           +------+  materialize         +------+  page_out: free the RAM     +------+
- *           | LIVE | -------------------> | RAM  | -------------------------> | DISK |
- *           +------+  (rows about to be   +------+  (file written first if    +------+
- *              |       overwritten)        ^   |     the node has none)         |  ^
- *              |                           |   +---- page_in: read + verify ----+  |
- *              |                           |         (begin, split, merge)         |
- *              +-- node_write: a copy of --+-- node_write: a copy of the bytes     |
- *                  the rows goes to the        goes to the writer; the slot        |
- *                  writer; the slot stays      stays RAM                           |
- *                  LIVE                                    attach (restart): a verified file
+ *     forward writes KV rows          capture / close take recurrent state
+ *              |                                  |
+ *              v                                  v
+ *          +------+      materialize          +------+        page_out          +------+
+ *          | LIVE | ------------------------> | RAM  | -----------------------> | DISK |
+ *          +------+   (its rows are about     +------+   (RAM freed; the node's  +------+
+ *                      to be overwritten)        ^        file is written first     |  ^
+ *                                                |        if it has none)           |  |
+ *                                                +----------------------------------+  |
+ *                                                  page_in: read + verify              |
+ *                                                  (begin, split, merge)               |
+ *                                                                                      |
+ *                                                 attach after a restart: a verified file
  *
- *     any tier --drop (evict, merge, page-in failure)--> freed; file deleted or moved aside
+ *     node_write (at close, page_out, shutdown) copies a node's LIVE rows and RAM bytes into an
+ *     image for the writer thread; the slots keep their tiers. Any tier --drop (evict, merge,
+ *     page-in failure)--> freed, the node's file removed or moved aside.
  *
  * Invariants:
  *  (1) A file under a final name is complete: written under a temporary name, fsynced, renamed.
