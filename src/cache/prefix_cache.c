@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "cache/disk.h"
 
 /* ---- helpers: slots and bytes --------------------------------------------------------------- */
 
@@ -39,6 +40,164 @@ static int has_all_states(const cn_prefix_cache *pc, const cn_node *n) {
     return 1;
 }
 
+/* ---- the disk tier: node files ---------------------------------------------------------------- */
+
+/* Bytes of every slot the node holds, whatever its tier: what its file holds. */
+static uint64_t slot_bytes(const cn_prefix_cache *pc, const cn_node *n) {
+    uint64_t b = 0;
+    for (int l = 0; l < pc->trie.n_layers; l++) b += n->slots[l] ? n->slots[l]->bytes : 0;
+    return b;
+}
+
+static int has_tier(const cn_prefix_cache *pc, const cn_node *n, cn_snap_tier tier) {
+    for (int l = 0; l < pc->trie.n_layers; l++)
+        if (n->slots[l] && n->slots[l]->tier == tier) return 1;
+    return 0;
+}
+
+static int is_empty(const cn_prefix_cache *pc, const cn_node *n) {
+    for (int l = 0; l < pc->trie.n_layers; l++)
+        if (n->slots[l]) return 0;
+    return 1;
+}
+
+/* The header a file of node holds: edge, user flag, slot table (slots: [n_layers], caller's);
+ * with keys, also the key path (malloc'd into h->keys). */
+static int node_header(const cn_prefix_cache *pc, const cn_node *n, cn_disk_node *h,
+                       cn_disk_slot *slots, int keys) {
+    memset(h, 0, sizeof *h);
+    h->start = cn_node_start(n);
+    h->end = n->end;
+    h->user = n->user;
+    h->n_layers = pc->trie.n_layers;
+    h->slots = slots;
+    for (int l = 0; l < h->n_layers; l++) {
+        const cn_snap *s = n->slots[l];
+        slots[l] = s ? (cn_disk_slot){(int)s->kind, s->from, s->to, s->bytes} : (cn_disk_slot){0, 0, 0, 0};
+    }
+    if (!keys) return CN_OK;
+    if (!(h->keys = malloc((size_t)n->end * sizeof *h->keys))) return CN_ENOMEM;
+    for (const cn_node *x = n; x != pc->trie.root; x = x->parent)
+        memcpy(h->keys + cn_node_start(x), x->keys, (size_t)x->n_keys * sizeof *x->keys);
+    return CN_OK;
+}
+
+/* Takes node's file out of the accounting; with remove, queues its deletion. */
+static void file_forget(cn_prefix_cache *pc, cn_node *n, int remove) {
+    if (!n->disk_id) return;
+    pc->disk_bytes -= slot_bytes(pc, n);
+    /* A removal that cannot be queued leaves a stale file: still correct state for its key path
+     * (the state after a key path depends on the model and the keys only), so it loads right. */
+    if (remove) cn_disk_remove(pc->disk, n->disk_id);
+    n->disk_id = 0;
+}
+
+/* Queues a file for node holding every slot it has (LIVE rows are copied out of the live buffer
+ * now: the writer must not read memory a later forward overwrites). 0 also when there is nothing
+ * to write; CN_EBUSY when the writer's queue is full (tried again at the next close). */
+static int node_write(cn_prefix_cache *pc, cn_node *n) {
+    if (!pc->disk || n->disk_id || is_empty(pc, n)) return CN_OK;
+    int L = pc->trie.n_layers, rc = CN_OK;
+    cn_disk_slot *slots = calloc((size_t)(L ? L : 1), sizeof *slots);
+    if (!slots) return CN_ENOMEM;
+    cn_disk_node h;
+    node_header(pc, n, &h, slots, 0);
+    cn_disk_blob *b = cn_disk_blob_new(pc->disk, &h);
+    free(slots);
+    if (!b) return CN_ENOMEM;
+    for (const cn_node *x = n; x != pc->trie.root; x = x->parent)
+        for (int k = 0; k < x->n_keys; k++) cn_disk_blob_set_key(b, cn_node_start(x) + k, x->keys[k]);
+    for (int l = 0; !rc && l < L; l++)
+        if (n->slots[l]) rc = cn_snap_read(n->slots[l], pc->live, l, cn_disk_blob_slot(b, l));
+    if (rc) {
+        cn_disk_blob_free(b);
+        return rc;
+    }
+    uint64_t id;
+    if ((rc = cn_disk_submit(pc->disk, b, &id))) return rc;
+    n->disk_id = id;
+    pc->disk_bytes += slot_bytes(pc, n);
+    return CN_OK;
+}
+
+/* Brings every DISK slot of node back to RAM. Returns 0 when all of its slots are in memory, 1
+ * when its file failed verification (warned; the file is moved aside and the node's DISK slots
+ * are dropped: that restore point is gone), or CN_ENOMEM (nothing changed). */
+static int page_in(cn_prefix_cache *pc, cn_node *n) {
+    if (!pc->disk || !has_tier(pc, n, CN_SNAP_DISK)) return 0;
+    int L = pc->trie.n_layers, rc;
+    cn_disk_slot *slots = calloc((size_t)(L ? L : 1), sizeof *slots);
+    int *want = calloc((size_t)(L ? L : 1), sizeof *want);
+    uint8_t **bufs = calloc((size_t)(L ? L : 1), sizeof *bufs);
+    cn_disk_node h = {0};
+    if (!slots || !want || !bufs || node_header(pc, n, &h, slots, 1)) {
+        rc = CN_ENOMEM;
+        goto done;
+    }
+    for (int l = 0; l < L; l++) want[l] = n->slots[l] && n->slots[l]->tier == CN_SNAP_DISK;
+    cn_err err;
+    cn_err_clear(&err);
+    rc = cn_disk_read(pc->disk, n->disk_id, &h, want, bufs, &err);
+    if (rc == CN_OK) {
+        for (int l = 0; l < L; l++)
+            if (want[l]) {
+                cn_snap_page_in(n->slots[l], bufs[l]);
+                pc->ram_bytes += n->slots[l]->bytes;
+            }
+        pc->n_paged_in++;
+    } else if (rc != CN_ENOMEM) {
+        cn_warn("cache: %s; dropping the restore point at %d", err.msg, n->end);
+        cn_disk_quarantine(pc->disk, n->disk_id);
+        file_forget(pc, n, 0);
+        for (int l = 0; l < L; l++)
+            if (want[l]) slot_set(pc, n, l, NULL);
+        pc->n_disk_failed++;
+        rc = 1;
+    }
+done:
+    free(h.keys);
+    free(slots);
+    free(want);
+    free(bufs);
+    return rc;
+}
+
+/* RAM -> DISK for every RAM slot of node, writing its file first if it has none. */
+static int page_out(cn_prefix_cache *pc, cn_node *n) {
+    int rc = node_write(pc, n);
+    if (rc) return rc;
+    if (!n->disk_id) return CN_EINVAL; /* nothing to write */
+    for (int l = 0; l < pc->trie.n_layers; l++) {
+        cn_snap *s = n->slots[l];
+        if (!s || s->tier != CN_SNAP_RAM) continue;
+        pc->ram_bytes -= s->bytes;
+        cn_snap_page_out(s);
+    }
+    pc->n_paged_out++;
+    return CN_OK;
+}
+
+/* Before node's slots change (invariant 6): every slot back in memory, its file retired. The
+ * node is written again by the next persist(). Returns 0 or CN_ENOMEM (nothing changed). */
+static int node_unfile(cn_prefix_cache *pc, cn_node *n) {
+    if (!n->disk_id) return CN_OK;
+    int rc = page_in(pc, n);
+    if (rc < 0) return rc;
+    file_forget(pc, n, 1);
+    return CN_OK;
+}
+
+static int persist_node(cn_node *n, void *ctx) {
+    /* A full queue or a failed copy leaves the node without a file; the next close tries again. */
+    node_write(ctx, n);
+    return 0;
+}
+
+/* Writes every node that has no file yet: the nodes this close created or changed. */
+static void persist(cn_prefix_cache *pc) {
+    if (pc->disk) cn_trie_walk(&pc->trie, persist_node, pc);
+}
+
 /* ---- init / free ------------------------------------------------------------------------------ */
 
 int cn_pc_init(cn_prefix_cache *pc, cn_state *live, const cn_pc_opts *o) {
@@ -66,14 +225,39 @@ int cn_pc_init(cn_prefix_cache *pc, cn_state *live, const cn_pc_opts *o) {
     return cn_state_reset(live);
 }
 
+static int evict(cn_prefix_cache *pc, int ram_too);
+
+static int sync_node(cn_node *n, void *ctx) {
+    cn_prefix_cache *pc = ctx;
+    if (node_write(pc, n) == CN_EBUSY) {
+        cn_disk_flush(pc->disk);
+        node_write(pc, n);
+    }
+    return 0;
+}
+
 void cn_pc_free(cn_prefix_cache *pc) {
+    if (pc->disk) {
+        /* Nodes a full queue turned away are written now, waiting for room (shutdown may wait
+         * on the disk; requests never do), so that an exit right after a cancelled request keeps
+         * everything it absorbed. */
+        cn_trie_walk(&pc->trie, sync_node, pc);
+        evict(pc, 0);
+    }
+    cn_disk_close(pc->disk); /* drains the queue: what close handed over reaches the disk */
     if (pc->trie.root) cn_trie_free(&pc->trie);
     free(pc->kind);
     free(pc->live_keys);
     memset(pc, 0, sizeof *pc);
 }
 
+static int forget_node(cn_node *n, void *ctx) {
+    file_forget(ctx, n, 1);
+    return 0;
+}
+
 int cn_pc_reset(cn_prefix_cache *pc) {
+    if (pc->disk) cn_trie_walk(&pc->trie, forget_node, pc);
     cn_trie_free(&pc->trie);
     pc->ram_bytes = 0;
     int rc = cn_trie_init(&pc->trie, pc->live->n_layers);
@@ -87,6 +271,7 @@ int cn_pc_reset(cn_prefix_cache *pc) {
 /* Splits node at `at`: KV slots split with the edge, recurrent slots stay at the end (node). */
 static cn_node *split_node(cn_prefix_cache *pc, cn_node *node, int at) {
     int L = pc->trie.n_layers;
+    if (node_unfile(pc, node)) return NULL;
     cn_snap **head_kv = calloc((size_t)(L ? L : 1), sizeof *head_kv);
     cn_snap **tail_kv = calloc((size_t)(L ? L : 1), sizeof *tail_kv);
     int ok = head_kv && tail_kv;
@@ -119,9 +304,11 @@ static cn_node *split_node(cn_prefix_cache *pc, cn_node *node, int at) {
 static int merge_child(cn_prefix_cache *pc, cn_node *node) {
     cn_node *c = node->child[0];
     int L = pc->trie.n_layers;
+    int rc = node_unfile(pc, node);
+    if (!rc) rc = node_unfile(pc, c);
+    if (rc) return rc;
     cn_snap **kv = calloc((size_t)(L ? L : 1), sizeof *kv);
     if (!kv) return CN_ENOMEM;
-    int rc = CN_OK;
     for (int l = 0; !rc && l < L; l++) {
         if (pc->kind[l] != CN_LAYER_KV) continue;
         cn_snap *a = node->slots[l], *b = c->slots[l];
@@ -240,6 +427,48 @@ static int restore_to(cn_prefix_cache *pc, cn_node **path, int np, int lc, int t
     return CN_OK;
 }
 
+/* The offset the live caches can be restored to along path[0..np) for a match of `matched` keys,
+ * with the live caches holding the first lc keys of the prompt. */
+static int restore_target(const cn_prefix_cache *pc, cn_node **path, int np, int lc, int matched) {
+    int off = pc->live->offset;
+    /* Attention layers reach as far as live rows plus contiguous snapshots go. */
+    int reach = matched;
+    for (int l = 0; l < pc->trie.n_layers; l++) {
+        if (pc->kind[l] != CN_LAYER_KV) continue;
+        int r = lc;
+        for (int j = 0; j < np && r < matched; j++) {
+            if (path[j]->end <= r) continue;
+            if (!path[j]->slots[l]) break;
+            r = path[j]->end;
+        }
+        if (r < reach) reach = r;
+    }
+    /* Recurrent layers restore only at exact offsets: 0, the live one, or a node end with state. */
+    int t = 0;
+    if (pc->n_rec == 0) t = reach;
+    else {
+        if (off <= lc && off <= reach) t = off;
+        for (int j = 0; j < np; j++)
+            if (path[j]->end <= reach && path[j]->end > t && has_all_states(pc, path[j])) t = path[j]->end;
+    }
+    return t;
+}
+
+/* Pages in the nodes restore_to(t) reads: those holding rows in (min(lc, t), t), and the node
+ * ending at t unless the live recurrent state is already there. Returns 0, 1 if some node's
+ * file failed (its slots are gone: choose t again) or CN_ENOMEM. */
+static int page_in_path(cn_prefix_cache *pc, cn_node **path, int np, int lc, int t) {
+    int w = lc < t ? lc : t, live_ok = pc->live->offset == t && lc >= t, failed = 0;
+    for (int i = 0; pc->disk && i < np; i++) {
+        cn_node *n = path[i];
+        if (!((n->end > w && cn_node_start(n) < t) || (n->end == t && !live_ok))) continue;
+        int r = page_in(pc, n);
+        if (r < 0) return r;
+        failed |= r;
+    }
+    return failed;
+}
+
 int cn_pc_begin(cn_prefix_cache *pc, cn_pc_session *sess, const cn_key *keys, int n) {
     memset(sess, 0, sizeof *sess);
     if (n <= 0 || n > pc->live->max_ctx) return n <= 0 ? CN_EINVAL : CN_ECONTEXT;
@@ -263,27 +492,11 @@ int cn_pc_begin(cn_prefix_cache *pc, cn_pc_session *sess, const cn_key *keys, in
     int off = pc->live->offset, lc = 0;
     while (lc < off && lc < n && pc->live_keys[lc] == keys[lc]) lc++;
 
-    /* Attention layers reach as far as live rows plus contiguous snapshots go. */
-    int reach = matched;
-    for (int l = 0; l < pc->trie.n_layers; l++) {
-        if (pc->kind[l] != CN_LAYER_KV) continue;
-        int r = lc;
-        for (int j = 0; j < np && r < matched; j++) {
-            if (path[j]->end <= r) continue;
-            if (!path[j]->slots[l]) break;
-            r = path[j]->end;
-        }
-        if (r < reach) reach = r;
-    }
-    /* Recurrent layers restore only at exact offsets: 0, the live one, or a node end with state. */
-    int t = 0;
-    if (pc->n_rec == 0) t = reach;
-    else {
-        if (off <= lc && off <= reach) t = off;
-        for (int j = 0; j < np; j++)
-            if (path[j]->end <= reach && path[j]->end > t && has_all_states(pc, path[j])) t = path[j]->end;
-    }
-    rc = restore_to(pc, path, np, lc, t);
+    /* The deepest offset every layer reaches; DISK slots count as present until a page-in fails
+     * (then their node lost them, and the target is chosen again, shallower). */
+    int t = restore_target(pc, path, np, lc, matched);
+    while ((rc = page_in_path(pc, path, np, lc, t)) == 1) t = restore_target(pc, path, np, lc, matched);
+    if (rc == CN_OK) rc = restore_to(pc, path, np, lc, t);
     free(path);
     if (rc) {
         cn_log(CN_LOG_WARN, "cache: restore to %d failed (%s); starting from 0", t, cn_strerror(rc));
@@ -294,6 +507,7 @@ int cn_pc_begin(cn_prefix_cache *pc, cn_pc_session *sess, const cn_key *keys, in
     memcpy(pc->live_keys, keys, (size_t)t * sizeof *keys);
     sess->matched = matched;
     sess->restored = t;
+    cn_info("cache: %s: %d keys, %d matched, restored to %d", t ? "hit" : "miss", n, matched, t);
 
     /* Restore points this prefill will cross. */
     if (t < matched) rc = sched_add(sess, matched, 0);                 /* the branch point */
@@ -352,6 +566,24 @@ int cn_pc_absorbed(cn_prefix_cache *pc, cn_pc_session *sess, int from, int to, c
 
 /* ---- close ------------------------------------------------------------------------------------- */
 
+/* Gives node n, on the live keys' path and ending at or below the live offset, lazy attention
+ * rows where it has none: an empty node rebuilt from disk without its parent's file, or a node
+ * whose file failed, is filled in by the next request that crosses it instead of blocking every
+ * restore below it for good. */
+static int heal(cn_prefix_cache *pc, cn_node *n) {
+    int need = 0;
+    for (int l = 0; l < pc->trie.n_layers; l++) need |= pc->kind[l] == CN_LAYER_KV && !n->slots[l];
+    if (!need) return CN_OK;
+    int rc = node_unfile(pc, n);
+    for (int l = 0; !rc && l < pc->trie.n_layers; l++) {
+        if (pc->kind[l] != CN_LAYER_KV || n->slots[l]) continue;
+        cn_snap *s = cn_snap_kv_lazy(pc->live, l, cn_node_start(n), n->end);
+        if (!s) rc = CN_ENOMEM;
+        else slot_set(pc, n, l, s);
+    }
+    return rc;
+}
+
 /* The node ending exactly at `target` on the live keys' path, creating or splitting as needed.
  * New edges get lazy attention snapshots (their rows are in the live buffers). */
 static cn_node *advance(cn_prefix_cache *pc, int target) {
@@ -380,6 +612,7 @@ static cn_node *advance(cn_prefix_cache *pc, int target) {
             if (!head) return NULL;
             c = head;
         }
+        if (heal(pc, c)) return NULL;
         cur = c;
     }
     return cur;
@@ -401,6 +634,9 @@ int cn_pc_close(cn_prefix_cache *pc, cn_pc_session *sess) {
     for (int c = 0; c < sess->n_caps; c++) {
         cn_pc_capture *cap = &sess->caps[c];
         cn_node *n = cap->offset <= o && cap->offset > 0 ? advance(pc, cap->offset) : NULL;
+        int adds = n && cap->user && !n->user;
+        for (int l = 0; n && l < pc->trie.n_layers; l++) adds |= cap->slots[l] && !n->slots[l];
+        if (adds && node_unfile(pc, n)) n = NULL; /* out of memory: the capture is dropped */
         if (n) {
             for (int l = 0; l < pc->trie.n_layers; l++) {
                 if (!cap->slots[l]) continue;
@@ -420,7 +656,13 @@ int cn_pc_close(cn_prefix_cache *pc, cn_pc_session *sess) {
     cn_node *f = pc->trie.root;
     if (o > 0) {
         f = advance(pc, o);
-        if (!f) rc = CN_ENOMEM;
+        int adds = 0;
+        for (int l = 0; f && l < pc->trie.n_layers; l++)
+            adds |= pc->kind[l] == CN_LAYER_RECURRENT && !f->slots[l];
+        if (!f || (adds && node_unfile(pc, f))) {
+            rc = CN_ENOMEM;
+            f = NULL;
+        }
         for (int l = 0; f && l < pc->trie.n_layers; l++) {
             if (pc->kind[l] != CN_LAYER_RECURRENT || f->slots[l]) continue;
             cn_snap *s;
@@ -433,6 +675,7 @@ int cn_pc_close(cn_prefix_cache *pc, cn_pc_session *sess) {
     if (!f) f = pc->trie.root;
     f->last_used = pc->trie.clock;
     pc->frontier = f;
+    persist(pc); /* with a disk tier: the nodes this request created or changed, cancelled or not */
     cn_pc_evict(pc);
     cn_pc_session_free(sess);
     return rc;
@@ -466,8 +709,17 @@ static uint64_t node_bytes(const cn_prefix_cache *pc, const cn_node *n) {
     return b;
 }
 
+/* What a pick looks for. */
+typedef enum pick_kind {
+    PICK_DROP_RAM,  /* a node to drop for RAM: any node without a disk tier, else one holding RAM */
+    PICK_DROP_DISK, /* a node to drop for disk: one with a file */
+    PICK_PAGE_OUT,  /* a node whose RAM can go to disk: any holding RAM, the active path and
+                     * branch points included (nothing leaves the trie) */
+} pick_kind;
+
 typedef struct pick_ctx {
     const cn_prefix_cache *pc;
+    pick_kind kind;
     cn_node *best;
 } pick_ctx;
 
@@ -476,44 +728,280 @@ static int better(const cn_prefix_cache *pc, const cn_node *a, const cn_node *b)
     if (!b) return 1;
     if (a->last_used != b->last_used) return a->last_used < b->last_used;
     if (a->end != b->end) return a->end > b->end;
-    return node_bytes(pc, a) > node_bytes(pc, b);
+    return slot_bytes(pc, a) > slot_bytes(pc, b);
 }
 
 static int pick(cn_node *n, void *ctx) {
     pick_ctx *c = ctx;
-    if (n->n_child > 1 || on_active_path(c->pc, n)) return 0;
+    if (c->kind == PICK_PAGE_OUT) {
+        if (!node_bytes(c->pc, n)) return 0;
+    } else {
+        if (n->n_child > 1 || on_active_path(c->pc, n)) return 0;
+        if (c->kind == PICK_DROP_DISK && !n->disk_id) return 0;
+        if (c->kind == PICK_DROP_RAM && c->pc->disk && !node_bytes(c->pc, n)) return 0;
+    }
     if (better(c->pc, n, c->best)) c->best = n;
     return 0;
 }
 
-int cn_pc_evict(cn_prefix_cache *pc) {
-    int evicted = 0;
-    while (pc->ram_bytes > pc->o.ram_budget) {
-        pick_ctx c = {pc, NULL};
-        cn_trie_walk(&pc->trie, pick, &c);
-        if (!c.best) break;
-        cn_node *n = c.best;
-        if (n->n_child == 0) {
+static cn_node *pick_in(const cn_prefix_cache *pc, pick_kind kind) {
+    pick_ctx c = {pc, kind, NULL};
+    cn_trie_walk(&pc->trie, pick, &c);
+    return c.best;
+}
+
+/* Takes node out of every tier: a leaf is removed (and an empty parent left childless by it,
+ * which only a vanished file had kept); an interior node with one child merges into it, its
+ * recurrent state going, its rows joining the child's, the merged node written again. */
+static int drop_node(cn_prefix_cache *pc, cn_node *n) {
+    if (n->n_child == 0) {
+        for (;;) {
+            cn_node *p = n->parent;
+            file_forget(pc, n, 1);
             node_clear(pc, n);
             cn_trie_remove_leaf(&pc->trie, n);
-        } else {
-            /* An interior node with one child: its recurrent state goes, its rows join the child. */
-            for (int l = 0; l < pc->trie.n_layers; l++)
-                if (pc->kind[l] == CN_LAYER_RECURRENT) slot_set(pc, n, l, NULL);
-            n->user = 0;
-            if (merge_child(pc, n)) break;
+            if (p == pc->trie.root || p->n_child || !is_empty(pc, p) || on_active_path(pc, p)) break;
+            n = p;
         }
+        return CN_OK;
+    }
+    int rc = node_unfile(pc, n);
+    if (rc) return rc;
+    for (int l = 0; l < pc->trie.n_layers; l++)
+        if (pc->kind[l] == CN_LAYER_RECURRENT) slot_set(pc, n, l, NULL);
+    n->user = 0;
+    if ((rc = merge_child(pc, n))) return rc;
+    node_write(pc, n); /* a full queue leaves it for the next close */
+    return CN_OK;
+}
+
+/* Each round pages one node out (its RAM becomes 0 and only a merge's page-in can raise it
+ * again), removes one node, or stops, so the loop ends. With ram 0 only the disk budget counts. */
+static int evict(cn_prefix_cache *pc, int ram_too) {
+    int evicted = 0;
+    for (;;) {
+        int ram = ram_too && pc->ram_bytes > pc->o.ram_budget;
+        int disk = pc->disk && pc->disk_bytes > pc->disk_budget;
+        cn_node *n = ram && pc->disk ? pick_in(pc, PICK_PAGE_OUT) : NULL;
+        if (n && page_out(pc, n) == CN_OK) continue;
+        /* without a disk tier, or with its queue full, a RAM node is dropped as before */
+        n = ram ? pick_in(pc, PICK_DROP_RAM) : NULL;
+        if (!n && disk) n = pick_in(pc, PICK_DROP_DISK);
+        if (!n || drop_node(pc, n)) break;
         evicted++;
         pc->n_evicted++;
     }
     return evicted;
 }
 
+int cn_pc_evict(cn_prefix_cache *pc) { return evict(pc, 1); }
+
+/* ---- attaching the disk tier: the trie rebuilt from files --------------------------------------- */
+
+typedef struct found {
+    cn_disk_node h;   /* keys and slots owned */
+    uint64_t rank;    /* 1 + place in file age order: the node's last_used */
+} found;
+
+typedef struct attach_ctx {
+    cn_prefix_cache *pc;
+    found *f;
+    int n, cap;
+    int rc;           /* CN_ENOMEM stops the attach */
+} attach_ctx;
+
+/* The slot table must be what this model's layers would store for the file's edge. */
+static int layout_ok(const cn_prefix_cache *pc, const cn_disk_node *h) {
+    if (h->n_layers != pc->trie.n_layers) return 0;
+    for (int l = 0; l < h->n_layers; l++) {
+        const cn_disk_slot *s = &h->slots[l];
+        if (!s->kind) continue;
+        if (pc->kind[l] == CN_LAYER_KV &&
+            (s->kind != CN_SNAP_KV || s->from != h->start || s->to != h->end ||
+             s->bytes != 2 * (uint64_t)(h->end - h->start) * cn_snap_kv_row_bytes(pc->live, l)))
+            return 0;
+        if (pc->kind[l] == CN_LAYER_RECURRENT &&
+            (s->kind != CN_SNAP_STATE || s->from != h->end || s->to != h->end ||
+             s->bytes != cn_snap_state_bytes(pc->live, l)))
+            return 0;
+        if (pc->kind[l] == CN_LAYER_NONE) return 0;
+    }
+    return 1;
+}
+
+static void on_file(void *ctx, const char *path, const cn_disk_node *h, int rc, const char *why) {
+    attach_ctx *a = ctx;
+    cn_prefix_cache *pc = a->pc;
+    if (a->rc) return;
+    if (!h) {
+        /* A newer format belongs to a newer cairn, an unreadable file maybe to a moment's I/O
+         * trouble: both are left alone. Anything else is wrong for good. */
+        int keep = rc == CN_EUNSUPPORTED || rc == CN_EIO || rc == CN_ENOMEM;
+        cn_warn("cache: skipping %s%s", why, keep ? "" : " (moved aside to .bad)");
+        if (!keep) cn_disk_set_aside(path);
+        pc->n_disk_skipped++;
+        return;
+    }
+    if (!layout_ok(pc, h)) {
+        cn_warn("cache: skipping %s: its slots do not fit this model's layers (moved aside to .bad)", path);
+        cn_disk_set_aside(path);
+        pc->n_disk_skipped++;
+        return;
+    }
+    if (h->end > pc->live->max_ctx) {
+        cn_info("cache: leaving %s: %d tokens exceed the context of %d", path, h->end, pc->live->max_ctx);
+        return;
+    }
+    if (a->n == a->cap) {
+        int cap = a->cap ? 2 * a->cap : 64;
+        found *p = realloc(a->f, (size_t)cap * sizeof *p);
+        if (!p) {
+            a->rc = CN_ENOMEM;
+            return;
+        }
+        a->f = p;
+        a->cap = cap;
+    }
+    found *f = &a->f[a->n];
+    f->h = *h;
+    f->h.keys = malloc((size_t)h->end * sizeof *h->keys);
+    f->h.slots = malloc((size_t)(h->n_layers ? h->n_layers : 1) * sizeof *h->slots);
+    if (!f->h.keys || !f->h.slots) {
+        cn_disk_node_free(&f->h);
+        a->rc = CN_ENOMEM;
+        return;
+    }
+    memcpy(f->h.keys, h->keys, (size_t)h->end * sizeof *h->keys);
+    memcpy(f->h.slots, h->slots, (size_t)h->n_layers * sizeof *h->slots);
+    a->n++;
+}
+
+static int by_age(const void *x, const void *y) {
+    const found *a = x, *b = y;
+    if (a->h.mtime != b->h.mtime) return a->h.mtime < b->h.mtime ? -1 : 1;
+    return a->h.end > b->h.end ? -1 : a->h.end < b->h.end; /* deeper ones written first */
+}
+
+static int by_end(const void *x, const void *y) {
+    const found *a = x, *b = y;
+    if (a->h.end != b->h.end) return a->h.end < b->h.end ? -1 : 1;
+    return a->h.id < b->h.id ? -1 : a->h.id > b->h.id;
+}
+
+static cn_node *child_with(const cn_node *n, cn_key first) {
+    for (int i = 0; i < n->n_child; i++)
+        if (n->child[i]->keys[0] == first) return n->child[i];
+    return NULL;
+}
+
+/* Inserts one file's node, parents first (files come sorted by end). Returns 0, 1 when the file
+ * conflicts with a node already rebuilt (its edge would split a stored node, or a sibling starts
+ * with its first key: left from an interrupted rewrite), or CN_ENOMEM. */
+static int insert_file(cn_prefix_cache *pc, const found *f) {
+    const cn_disk_node *h = &f->h;
+    cn_trie *t = &pc->trie;
+    cn_node *cur = t->root;
+    while (cur->end < h->start) {
+        int pos = cur->end;
+        cn_node *c = child_with(cur, h->keys[pos]);
+        if (!c) {
+            /* The parent's file is missing: an empty node spans the gap. */
+            c = cn_trie_add_child(t, cur, h->keys + pos, h->start - pos);
+            if (!c) return CN_ENOMEM;
+            c->last_used = 0;
+        } else {
+            int k = 0;
+            while (k < c->n_keys && pos + k < h->start && c->keys[k] == h->keys[pos + k]) k++;
+            if (k < c->n_keys) {
+                if (!is_empty(pc, c)) return 1;
+                if (!(c = cn_trie_split(t, c, pos + k))) return CN_ENOMEM; /* empty: no rows to cut */
+            }
+        }
+        cur = c;
+    }
+    if (child_with(cur, h->keys[h->start])) return 1;
+    cn_node *n = cn_trie_add_child(t, cur, h->keys + h->start, h->end - h->start);
+    if (!n) return CN_ENOMEM;
+    for (int l = 0; l < h->n_layers; l++) {
+        const cn_disk_slot *s = &h->slots[l];
+        if (!s->kind) continue;
+        n->slots[l] = cn_snap_disk(s->kind == CN_SNAP_KV ? CN_SNAP_KV : CN_SNAP_STATE, s->from, s->to, s->bytes);
+        if (!n->slots[l]) {
+            cn_trie_remove_leaf(t, n);
+            return CN_ENOMEM;
+        }
+    }
+    n->user = h->user;
+    n->disk_id = h->id;
+    n->last_used = f->rank;
+    pc->disk_bytes += h->payload_bytes;
+    return CN_OK;
+}
+
+int cn_pc_attach_disk(cn_prefix_cache *pc, const char *dir, uint64_t model_id, uint64_t budget,
+                      cn_err *err) {
+    if (pc->disk || pc->trie.n_nodes) return cn_err_set(err, CN_EBUSY, "the cache already holds restore points");
+    attach_ctx a = {pc, NULL, 0, 0, CN_OK};
+    int rc = cn_disk_open(&pc->disk, dir, model_id, 0, err);
+    if (rc) {
+        pc->disk = NULL;
+        return rc;
+    }
+    pc->disk_budget = budget ? budget : (uint64_t)16 << 30;
+    pc->n_disk_loaded = pc->n_disk_skipped = 0;
+    rc = cn_disk_scan(cn_disk_dir(pc->disk), model_id, on_file, &a, NULL, err);
+    if (!rc && a.rc) rc = cn_err_set(err, a.rc, "out of memory reading %s", cn_disk_dir(pc->disk));
+    if (rc) goto fail;
+    /* LRU order survives the restart: older files get smaller last_used than newer ones, all
+     * smaller than any request of this process. */
+    if (a.n) qsort(a.f, (size_t)a.n, sizeof *a.f, by_age);
+    for (int i = 0; i < a.n; i++) a.f[i].rank = (uint64_t)i + 1;
+    if (a.n) qsort(a.f, (size_t)a.n, sizeof *a.f, by_end);
+    for (int i = 0; i < a.n; i++) {
+        int r = insert_file(pc, &a.f[i]);
+        if (r < 0) {
+            rc = cn_err_set(err, r, "out of memory rebuilding the cache from %s", cn_disk_dir(pc->disk));
+            goto fail;
+        }
+        if (r) {
+            /* Left by a rewrite a crash interrupted: the other file holds the current shape. */
+            cn_warn("cache: skipping %s/%016llx%s: it overlaps a node rebuilt from another file "
+                    "(removed)", cn_disk_dir(pc->disk), (unsigned long long)a.f[i].h.id, CN_DISK_EXT);
+            cn_disk_remove(pc->disk, a.f[i].h.id);
+            pc->n_disk_skipped++;
+        } else {
+            pc->n_disk_loaded++;
+        }
+    }
+    pc->trie.clock = (uint64_t)a.n;
+    for (int i = 0; i < a.n; i++) cn_disk_node_free(&a.f[i].h);
+    free(a.f);
+    if (pc->n_disk_loaded || pc->n_disk_skipped)
+        cn_info("cache: %s: %llu restore points (%llu bytes), %llu files skipped", cn_disk_dir(pc->disk),
+                (unsigned long long)pc->n_disk_loaded, (unsigned long long)pc->disk_bytes,
+                (unsigned long long)pc->n_disk_skipped);
+    cn_pc_evict(pc); /* the budget may be smaller than last time */
+    return CN_OK;
+fail:
+    for (int i = 0; i < a.n; i++) cn_disk_node_free(&a.f[i].h);
+    free(a.f);
+    /* Back to an empty trie with no tier (nothing of it was used yet). */
+    cn_trie_free(&pc->trie);
+    cn_trie_init(&pc->trie, pc->live->n_layers);
+    pc->frontier = pc->trie.root;
+    cn_disk_close(pc->disk);
+    pc->disk = NULL;
+    pc->disk_bytes = 0;
+    return rc;
+}
+
+int cn_pc_flush(cn_prefix_cache *pc) { return pc->disk ? cn_disk_flush(pc->disk) : 0; }
+
 /* ---- checks ------------------------------------------------------------------------------------ */
 
 typedef struct sum_ctx {
     const cn_prefix_cache *pc;
-    uint64_t bytes;
+    uint64_t bytes, disk;
     int ok;
 } sum_ctx;
 
@@ -521,9 +1009,14 @@ static int sum_node(cn_node *n, void *ctx) {
     sum_ctx *c = ctx;
     const cn_prefix_cache *pc = c->pc;
     c->bytes += node_bytes(pc, n);
+    if (n->disk_id) {
+        c->disk += slot_bytes(pc, n);
+        if (!pc->disk) c->ok = 0;
+    }
     for (int l = 0; l < pc->trie.n_layers; l++) {
         const cn_snap *s = n->slots[l];
         if (!s) continue;
+        if (s->tier == CN_SNAP_DISK && (!n->disk_id || s->ram)) c->ok = 0; /* invariant 5 */
         if (pc->kind[l] == CN_LAYER_KV && (s->from != cn_node_start(n) || s->to != n->end)) c->ok = 0;
         if (pc->kind[l] == CN_LAYER_RECURRENT && (s->from != n->end || s->to != n->end)) c->ok = 0;
         if (pc->kind[l] == CN_LAYER_NONE) c->ok = 0;
@@ -546,14 +1039,20 @@ static int sum_node(cn_node *n, void *ctx) {
 }
 
 uint64_t cn_pc_ram_bytes_walk(const cn_prefix_cache *pc) {
-    sum_ctx c = {pc, 0, 1};
+    sum_ctx c = {pc, 0, 0, 1};
     cn_trie_walk(&pc->trie, sum_node, &c);
     return c.bytes;
 }
 
+uint64_t cn_pc_disk_bytes_walk(const cn_prefix_cache *pc) {
+    sum_ctx c = {pc, 0, 0, 1};
+    cn_trie_walk(&pc->trie, sum_node, &c);
+    return c.disk;
+}
+
 int cn_pc_check(const cn_prefix_cache *pc) {
     if (!cn_trie_check(&pc->trie)) return 0;
-    sum_ctx c = {pc, 0, 1};
+    sum_ctx c = {pc, 0, 0, 1};
     cn_trie_walk(&pc->trie, sum_node, &c);
-    return c.ok && c.bytes == pc->ram_bytes;
+    return c.ok && c.bytes == pc->ram_bytes && c.disk == pc->disk_bytes;
 }

@@ -20,12 +20,29 @@
  *  (3) ram_bytes equals the sum of the sizes of RAM-tier snapshots.
  *  (4) Eviction never removes the active path (the frontier's ancestors) nor a node with several
  *      children.
+ *  (5) With a disk tier: a node with a file (disk_id != 0) has one written or queued that holds
+ *      exactly its key path, edge and current slots; every DISK-tier slot belongs to such a node;
+ *      disk_bytes equals the sum of the slot sizes of those nodes.
+ *  (6) A node's slots never change while it has a file: split, merge, a new capture or a healed
+ *      gap first page the node in and retire its file; it is written again at the next close.
+ *
+ * Tiers (disk.h draws a snapshot's life). LIVE slots cost nothing; RAM slots count against
+ * ram_budget; with a disk tier attached (cn_pc_attach_disk) every node is also written to disk at
+ * the close that creates or changes it, cancelled requests included (the request only copies its
+ * bytes to the writer), so the disk holds every restore point and RAM the recently used ones.
+ * Over the RAM budget, the least recently used nodes are paged out: RAM freed, the node keeps its
+ * place in the trie, its slots become DISK (the active path's too, as nothing leaves the trie).
+ * Over the disk budget, nodes are dropped from every tier in the order and with the protections
+ * of RAM-only eviction. begin pages in the DISK nodes a restore needs; a file that fails
+ * verification is reported, moved aside, and its restore point treated as absent, so the restore
+ * lands at a shallower point. A restart rebuilds the trie from the files.
  */
 #ifndef CN_PREFIX_CACHE_H
 #define CN_PREFIX_CACHE_H
 
 #include <stdint.h>
 
+#include "base/error.h"
 #include "cache/keys.h"
 #include "cache/trie.h"
 #include "model/model.h"
@@ -49,8 +66,15 @@ typedef struct cn_prefix_cache {
     int cap_live_keys;
     uint64_t ram_bytes;      /* RAM-tier snapshot bytes (invariant 3) */
     cn_node *frontier;       /* where the live caches rested at the last close (root at start) */
-    /* counters for logs and benchmarks */
+    struct cn_disk *disk;    /* (optional) the disk tier (disk.h); owned */
+    uint64_t disk_budget;    /* bytes of snapshots kept in node files */
+    uint64_t disk_bytes;     /* bytes of snapshots in node files (invariant 5) */
+    /* counters for logs, benchmarks and tests */
     uint64_t n_evicted, n_restored_nodes;
+    uint64_t n_paged_out, n_paged_in; /* RAM -> DISK and DISK -> RAM moves of a node */
+    uint64_t n_disk_loaded;  /* nodes rebuilt from files at attach */
+    uint64_t n_disk_skipped; /* files skipped at attach (each warned about) */
+    uint64_t n_disk_failed;  /* page-ins that failed verification (each warned about) */
 } cn_prefix_cache;
 
 /* One crossed capture: the recurrent layers' state at an offset. */
@@ -76,7 +100,24 @@ typedef struct cn_pc_session {
 } cn_pc_session;
 
 int cn_pc_init(cn_prefix_cache *pc, cn_state *live, const cn_pc_opts *o);
+/* Frees the trie; with a disk tier, first writes the nodes a full queue turned away (waiting for
+ * room), keeps the disk budget, and waits for the writer to finish (files stay). */
 void cn_pc_free(cn_prefix_cache *pc);
+
+/* Adds the disk tier under dir for the model whose identity is model_id (cn_model_identity),
+ * keeping at most budget bytes of snapshots there (0: 16 GiB). Must come before the first
+ * request. Every file in the model's folder is verified; a corrupt, truncated, foreign or
+ * mismatched file is skipped with a warning and moved aside ("<name>.bad"; files of a newer
+ * format version are left alone), a file whose edge would split another stored node is skipped
+ * with a warning and removed (a leftover of a rewrite a crash interrupted). The others become
+ * DISK-tier nodes; where a file's parent is
+ * missing, an empty node spans the gap (its rows are filled in by the next request that crosses
+ * it). Returns 0, CN_EBUSY if the trie is not empty or a tier is attached, CN_EIO (err names the
+ * folder) or CN_ENOMEM; on error nothing is attached. */
+int cn_pc_attach_disk(cn_prefix_cache *pc, const char *dir, uint64_t model_id, uint64_t budget,
+                      cn_err *err);
+/* Waits until every queued file write is on disk. Returns how many writes failed so far. */
+int cn_pc_flush(cn_prefix_cache *pc);
 
 /* Starts a request over keys[0..n) (n >= 1). On return the live caches sit at sess->restored
  * (< n) and the remaining keys must be forwarded. On error the session is empty and the live
@@ -99,14 +140,17 @@ int cn_pc_push_key(cn_pc_session *sess, cn_key key);
 int cn_pc_close(cn_prefix_cache *pc, cn_pc_session *sess);
 void cn_pc_session_free(cn_pc_session *sess);
 
-/* Forgets every restore point and empties the live caches (offset 0). */
+/* Forgets every restore point (deleting their files) and empties the live caches (offset 0). */
 int cn_pc_reset(cn_prefix_cache *pc);
 
-/* Evicts until the RAM tier fits its budget. Returns the number of nodes evicted. */
+/* Pages out (with a disk tier) or evicts until RAM fits its budget, and evicts until the disk
+ * fits its own. Returns the number of nodes evicted (pages-outs are not evictions). */
 int cn_pc_evict(cn_prefix_cache *pc);
 
 /* Sum of RAM-tier snapshot bytes, recomputed by walking the trie (tests compare it to ram_bytes). */
 uint64_t cn_pc_ram_bytes_walk(const cn_prefix_cache *pc);
+/* Sum of the snapshot bytes of nodes that have a file (tests compare it to disk_bytes). */
+uint64_t cn_pc_disk_bytes_walk(const cn_prefix_cache *pc);
 /* 1 when the invariants hold. */
 int cn_pc_check(const cn_prefix_cache *pc);
 

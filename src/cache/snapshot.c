@@ -179,6 +179,32 @@ int cn_snap_state_restore(const cn_snap *snap, cn_state *s, int layer) {
     return rc;
 }
 
+int cn_snap_read(const cn_snap *snap, const cn_state *s, int layer, uint8_t *dst) {
+    if (snap->tier == CN_SNAP_RAM) {
+        memcpy(dst, snap->ram, snap->bytes);
+        return CN_OK;
+    }
+    if (snap->tier != CN_SNAP_LIVE || snap->kind != CN_SNAP_KV) return CN_EINVAL;
+    return kv_download(s, layer, snap->from, snap->to, dst);
+}
+
+cn_snap *cn_snap_disk(cn_snap_kind kind, int from, int to, uint64_t bytes) {
+    return snap_new(kind, CN_SNAP_DISK, from, to, bytes);
+}
+
+void cn_snap_page_out(cn_snap *snap) {
+    if (snap->tier != CN_SNAP_RAM) return;
+    free(snap->ram);
+    snap->ram = NULL;
+    snap->tier = CN_SNAP_DISK;
+}
+
+void cn_snap_page_in(cn_snap *snap, uint8_t *ram) {
+    free(snap->ram);
+    snap->ram = ram;
+    snap->tier = CN_SNAP_RAM;
+}
+
 void cn_snap_free(cn_snap *snap) {
     if (!snap) return;
     free(snap->ram);

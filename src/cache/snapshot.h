@@ -54,6 +54,16 @@ int cn_snap_kv_concat(const cn_snap *a, const cn_snap *b, const cn_state *s, int
 int cn_snap_kv_restore(const cn_snap *snap, cn_state *s, int layer, int from, int to);
 /* Loads a recurrent snapshot into the live layer. */
 int cn_snap_state_restore(const cn_snap *snap, cn_state *s, int layer);
+/* Copies the snapshot's materialized bytes (KV: K rows then V rows; STATE: conv then SSM) into
+ * dst (snap->bytes of them): from the live buffer for LIVE, from RAM for RAM. CN_EINVAL for DISK.
+ * The snapshot is unchanged. */
+int cn_snap_read(const cn_snap *snap, const cn_state *s, int layer, uint8_t *dst);
+/* A DISK-tier snapshot: its bytes are in a node file (disk.h). NULL on ENOMEM. */
+cn_snap *cn_snap_disk(cn_snap_kind kind, int from, int to, uint64_t bytes);
+/* RAM -> DISK: frees the RAM copy (the caller made sure a node file holds the bytes). */
+void cn_snap_page_out(cn_snap *snap);
+/* DISK -> RAM: takes ownership of ram (snap->bytes of them, read back from the node file). */
+void cn_snap_page_in(cn_snap *snap, uint8_t *ram);
 void cn_snap_free(cn_snap *snap);
 
 #endif

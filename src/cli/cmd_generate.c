@@ -112,13 +112,16 @@ int cn_cmd_generate(int argc, char **argv) {
         {"chunk", CN_FLAG_INT, &eo.chunk, "N", "prompt tokens per forward (default 512)", 0, 0},
         {"cache-spacing", CN_FLAG_INT, &eo.cache.spacing, "N", "a restore point every N prompt tokens (default 1024)", 0, 0},
         {"cache-ram", CN_FLAG_SIZE, &eo.cache.ram_budget, "SIZE", "host RAM for restore points (default 4G)", 0, 0},
+        {"cache-dir", CN_FLAG_STR, &eo.cache_dir, "DIR", "keep restore points on disk in DIR: a later run resumes from them", 0, 0},
+        {"cache-disk", CN_FLAG_SIZE, &eo.disk_budget, "SIZE", "disk for restore points under --cache-dir (default 16G)", 0, 0},
         {"threads", CN_FLAG_INT, &threads, "N", "CPU threads (default: all cores)", 0, 0},
         {"ubatch", CN_FLAG_INT, &ubatch, "N", "tokens per forward chunk of scratch (default 256)", 0, 0},
         {"json", CN_FLAG_BOOL, &json, NULL, "print one JSON object", 0, 0},
         {NULL, 0, NULL, NULL, NULL, 0, 0},
     };
     const char *syn = "generate --model DIR (--tokens IDS | --prompt TEXT) --max-tokens N "
-                      "[--temperature T --top-k K --top-p P --min-p M --seed S] [--json]";
+                      "[--temperature T --top-k K --top-p P --min-p M --seed S] "
+                      "[--cache-dir DIR [--cache-disk SIZE]] [--json]";
     int rc = cn_flags_parse(flags, argc, argv, syn);
     if (rc) return rc > 0 ? 0 : 2;
     if (!!tokens_arg == !!prompt) {
@@ -128,6 +131,10 @@ int cn_cmd_generate(int argc, char **argv) {
     }
     if (max_tokens < 0 || eo.ctx < 0 || eo.chunk < 0 || eo.cache.spacing < 0) {
         fprintf(stderr, "cairn: --max-tokens, --ctx, --chunk and --cache-spacing must be >= 0\n");
+        return 2;
+    }
+    if (eo.disk_budget && !eo.cache_dir) {
+        fprintf(stderr, "cairn: --cache-disk needs --cache-dir\n");
         return 2;
     }
     /* The model's tokenizer, when it ships one: needed for --prompt, used for text output. */
@@ -170,7 +177,8 @@ int cn_cmd_generate(int argc, char **argv) {
         cn_tok_free(tok);
         return 1;
     }
-    int status = 1;
+    int status = 1, handler = 0;
+    struct sigaction sa, old;
     cn_engine *e = NULL;
     cn_tok_stream ts;
     int ts_ok = 0;
@@ -189,14 +197,13 @@ int cn_cmd_generate(int argc, char **argv) {
     rq.cancel = cancel_poll;
     rq.on_token = print_token;
     rq.ctx = &sc;
-    struct sigaction sa, old;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_sigint;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old);
+    handler = 1;
     cn_result res;
     rc = cn_engine_generate(e, &rq, &res);
-    sigaction(SIGINT, &old, NULL);
     if (rc && rc != CN_ECANCELED) {
         fprintf(stderr, "cairn: generation failed: %s%s\n", cn_strerror(rc),
                 rc == CN_EINVAL ? " (is every token id below the vocabulary size?)" :
@@ -236,7 +243,10 @@ int cn_cmd_generate(int argc, char **argv) {
 done:
     if (ts_ok) cn_tok_stream_free(&ts);
     free(sc.all);
+    /* Closing the engine waits for the cache writer; the handler stays until then so that a
+     * second Ctrl-C does not cut the restore points of the first one short. */
     cn_engine_close(e);
+    if (handler) sigaction(SIGINT, &old, NULL);
     cn_tok_free(tok);
     free(ids);
     cn_cli_close_model(b, m);

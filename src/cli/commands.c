@@ -13,5 +13,6 @@ const cn_cli_command cn_cli_commands[] = {
     {"tokenize", cn_cmd_tokenize},
     {"detokenize", cn_cmd_detokenize},
     {"bench", cn_cmd_bench},
+    {"cache", cn_cmd_cache},
     {NULL, NULL},
 };

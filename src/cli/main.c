@@ -17,6 +17,7 @@ static void usage(FILE *f) {
           "  tokenize    text to token ids (tokenizer.json)\n"
           "  detokenize  token ids to text\n"
           "  bench       speed measurements (bench tokenizer)\n"
+          "  cache       list the restore points a cache directory holds\n"
           "\n"
           "Run `cairn <command> --help` for the options of one command.\n",
           f);

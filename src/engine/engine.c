@@ -32,6 +32,11 @@ int cn_engine_open(cn_engine **out, cn_model *m, const cn_engine_opts *o, cn_err
         cn_err_set(err, rc, "cannot set up the prefix cache: %s", cn_strerror(rc));
         goto fail;
     }
+    /* A cold-run engine restores nothing, so it neither reads nor writes the disk tier. */
+    if (e->o.cache_dir && !e->o.no_cache &&
+        (rc = cn_pc_attach_disk(&e->pc, e->o.cache_dir, cn_model_identity(m), e->o.disk_budget, err)))
+        goto fail;
+    e->o.cache_dir = NULL; /* the caller's string; the tier keeps its own copy */
     e->logits = malloc((size_t)c->vocab_size * sizeof *e->logits);
     e->eos = malloc((size_t)(c->n_eos ? c->n_eos : 1) * sizeof *e->eos);
     if (!e->logits || !e->eos) {

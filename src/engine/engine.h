@@ -26,6 +26,8 @@ typedef struct cn_engine_opts {
     int chunk;        /* tokens per prefill forward (0: 512) */
     cn_pc_opts cache; /* restore-point spacing, RAM budget */
     int no_cache;     /* 1: every request starts from token 0 (cold runs for comparison) */
+    const char *cache_dir; /* (optional) the disk tier's folder: restore points survive a restart */
+    uint64_t disk_budget;  /* bytes of restore points kept there (0: 16 GiB) */
 } cn_engine_opts;
 
 typedef struct cn_engine {
@@ -74,7 +76,12 @@ typedef struct cn_result {
     double prompt_ms, eval_ms;
 } cn_result;
 
+/* With o->cache_dir, the restore points stored there for this model (cn_model_identity) are
+ * loaded; files that fail verification are skipped with a warning. An unusable folder is an error
+ * naming it. */
 int cn_engine_open(cn_engine **out, cn_model *m, const cn_engine_opts *o, cn_err *err);
+/* Waits for the disk tier's writer to finish (so a cancelled request's restore points are on
+ * disk when the process exits), then frees. */
 void cn_engine_close(cn_engine *e);
 
 /* Runs one request. Returns 0 (res->stop says why it ended), CN_ECANCELED (res filled, cache

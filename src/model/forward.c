@@ -81,6 +81,8 @@ int cn_model_open(cn_model **out, const char *dir, cn_backend *b, const cn_model
     if (rc) goto fail;
     rc = cn_st_open_dir(&m->st, dir, err);
     if (rc) goto fail;
+    rc = cn_model_identity_of(dir, m->st, &m->identity, err);
+    if (rc) goto fail;
     rc = cn_model_bind_weights(m, err);
     if (rc) goto fail;
     for (int l = 0; l < m->cfg.n_layers; l++) m->n_mamba += m->cfg.layers[l] == CN_BLOCK_MAMBA;
@@ -108,6 +110,7 @@ void cn_model_close(cn_model *m) {
 const cn_config *cn_model_config(const cn_model *m) { return &m->cfg; }
 cn_backend *cn_model_backend(const cn_model *m) { return m->b; }
 int cn_model_has_mtp(const cn_model *m) { return m->w.has_mtp; }
+uint64_t cn_model_identity(const cn_model *m) { return m->identity; }
 
 /* ---- mixers ---------------------------------------------------------------------------------- */
 

@@ -63,6 +63,12 @@ const cn_config *cn_model_config(const cn_model *m);
 cn_backend *cn_model_backend(const cn_model *m);
 /* 1 if the checkpoint has an MTP head. */
 int cn_model_has_mtp(const cn_model *m);
+/* The checkpoint's identity: xxh64 of config.json and of every tensor's name, dtype, shape and
+ * first and last 64 bytes (identity.c), computed once at open. Cached state carries it so that it
+ * is never loaded into another model, including another seed of the same preset. */
+uint64_t cn_model_identity(const cn_model *m);
+/* The same identity from a directory, without loading the model (maps the safetensors only). */
+int cn_model_identity_dir(const char *dir, uint64_t *out, cn_err *err);
 
 /* Parameter and byte counts by dtype, for `cairn info`. bytes[] is indexed by cn_dtype. */
 typedef struct cn_model_stats {

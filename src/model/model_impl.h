@@ -101,10 +101,13 @@ struct cn_model {
     cn_tensor **owned;     /* [n_owned] pointers to release at close */
     int n_mamba;           /* Mamba layers among cfg.layers */
     int d_inner, conv_dim, in_proj_dim;
+    uint64_t identity;     /* cn_model_identity */
 };
 
 /* model_load.c: binds weights (called by cn_model_open). */
 int cn_model_bind_weights(cn_model *m, cn_err *err);
 void cn_model_unbind_weights(cn_model *m);
+/* identity.c: the identity of the checkpoint in dir whose tensors st maps. */
+int cn_model_identity_of(const char *dir, const cn_safetensors *st, uint64_t *out, cn_err *err);
 
 #endif
