@@ -8,5 +8,6 @@ const cn_cli_command cn_cli_commands[] = {
     {"logits", cn_cmd_logits},
     {"make-model", cn_cmd_make_model},
     {"info", cn_cmd_info},
+    {"render", cn_cmd_render},
     {NULL, NULL},
 };

@@ -12,6 +12,7 @@ static void usage(FILE *f) {
           "  logits      write all-position logits of a token sequence\n"
           "  make-model  write a synthetic NemotronH checkpoint\n"
           "  info        describe a model directory\n"
+          "  render      write the prompt of a chat request (JSON on stdin)\n"
           "\n"
           "Run `cairn <command> --help` for the options of one command.\n",
           f);
