@@ -9,5 +9,6 @@ const cn_cli_command cn_cli_commands[] = {
     {"make-model", cn_cmd_make_model},
     {"info", cn_cmd_info},
     {"render", cn_cmd_render},
+    {"parse", cn_cmd_parse},
     {NULL, NULL},
 };

@@ -13,6 +13,7 @@ static void usage(FILE *f) {
           "  make-model  write a synthetic NemotronH checkpoint\n"
           "  info        describe a model directory\n"
           "  render      write the prompt of a chat request (JSON on stdin)\n"
+          "  parse       split generated text into thinking, content and tool calls\n"
           "\n"
           "Run `cairn <command> --help` for the options of one command.\n",
           f);
