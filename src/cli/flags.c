@@ -77,13 +77,27 @@ static int usage_error(const cn_flag *flags, const char *synopsis, const char *f
     return CN_EUSAGE;
 }
 
-int cn_flags_parse(cn_flag *flags, int argc, char **argv, const char *synopsis) {
+/* pos == NULL: every argument must be an option (cn_flags_parse). Otherwise arguments that are
+ * not options (a lone "-" included, and everything after "--") go to pos[0..max_pos). */
+static int parse(cn_flag *flags, int argc, char **argv, const char *synopsis, char **pos, int max_pos,
+                 int *n_pos) {
     for (cn_flag *fl = flags; fl->name; fl++) fl->seen = 0;
+    if (n_pos) *n_pos = 0;
+    int only_pos = 0;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
-        if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
+        if (!only_pos && (!strcmp(arg, "-h") || !strcmp(arg, "--help"))) {
             cn_flags_usage(flags, synopsis, stdout);
             return 1;
+        }
+        if (pos && !only_pos && !strcmp(arg, "--")) {
+            only_pos = 1;
+            continue;
+        }
+        if (pos && (only_pos || strncmp(arg, "--", 2) != 0)) {
+            if (*n_pos >= max_pos) return usage_error(flags, synopsis, "unexpected argument '%s'%s", arg, "");
+            pos[(*n_pos)++] = argv[i];
+            continue;
         }
         if (strncmp(arg, "--", 2) != 0 || !arg[2])
             return usage_error(flags, synopsis, "unexpected argument '%s'%s", arg, "");
@@ -111,4 +125,13 @@ int cn_flags_parse(cn_flag *flags, int argc, char **argv, const char *synopsis) 
         if (fl->required && !fl->seen)
             return usage_error(flags, synopsis, "missing required option --%s%s", fl->name, "");
     return 0;
+}
+
+int cn_flags_parse(cn_flag *flags, int argc, char **argv, const char *synopsis) {
+    return parse(flags, argc, argv, synopsis, NULL, 0, NULL);
+}
+
+int cn_flags_parse_pos(cn_flag *flags, int argc, char **argv, const char *synopsis, char **pos, int max_pos,
+                       int *n_pos) {
+    return parse(flags, argc, argv, synopsis, pos, max_pos, n_pos);
 }

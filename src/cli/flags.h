@@ -1,7 +1,8 @@
 /* flags.h - the long-option parser every subcommand shares.
  *
  * A command declares a table of flags, each bound to a variable; cn_flags_parse fills them from
- * argv (`--name value` or `--name=value`; bools take no value). Unknown flags, missing values,
+ * argv (`--name value` or `--name=value`; bools take no value); cn_flags_parse_pos also collects
+ * positional arguments. Unknown flags, missing values,
  * malformed numbers, repeated flags and missing required flags are usage errors: the parser prints
  * one line naming the problem and the command's usage to stderr and returns CN_EUSAGE. It never
  * exits and never allocates (string values point into argv).
@@ -34,6 +35,11 @@ typedef struct cn_flag {
 /* Parses argv[1..argc) (argv[0] is the command's name). Returns 0, 1 when --help was given (usage
  * printed to stdout), or CN_EUSAGE (message and usage printed to stderr). */
 int cn_flags_parse(cn_flag *flags, int argc, char **argv, const char *synopsis);
+/* The same, for commands that take positional arguments: every argument that is not an option (a
+ * lone "-" included; after "--", every argument) is stored in pos[0..max_pos) in order and counted
+ * in *n_pos. More than max_pos of them is a usage error; how few is too few is the caller's call. */
+int cn_flags_parse_pos(cn_flag *flags, int argc, char **argv, const char *synopsis, char **pos, int max_pos,
+                       int *n_pos /* OUT */);
 /* Prints "usage: cairn <synopsis>" and one line per flag. */
 void cn_flags_usage(const cn_flag *flags, const char *synopsis, FILE *f);
 

@@ -160,7 +160,8 @@ static int end_call(cn_parser *p, size_t end, cn_parse_event_fn cb, void *ctx) {
 
 /* Consumes every byte whose meaning is settled; with final, all of them. */
 static int run(cn_parser *p, int final, cn_parse_event_fn cb, void *ctx) {
-    static const char *const think_tags[] = {THINK_CLOSE, CALL_OPEN}, *const content_tags[] = {CALL_OPEN};
+    static const char *const think_tags[] = {THINK_CLOSE, CALL_OPEN};
+    static const char *const content_tags[] = {CALL_OPEN};
     int rc;
     for (;;) {
         char *x = p->buf + p->pos;
@@ -186,8 +187,8 @@ static int run(cn_parser *p, int final, cn_parse_event_fn cb, void *ctx) {
             size_t it = find(x, n, CALL_OPEN, LIT_LEN(CALL_OPEN));
             size_t i = ic < it ? ic : it;
             if (i < n) { /* thinking ends; its trailing whitespace goes */
-                if ((rc = emit_text(p, CN_EV_THINKING, p->pos, p->pos + i - trail_ws(x, i), cb, ctx)))
-                    return rc;
+                size_t e = i - trail_ws(x, i);
+                if ((rc = emit_text(p, CN_EV_THINKING, p->pos, p->pos + e, cb, ctx))) return rc;
                 if (i == ic) {
                     p->pos += i + LIT_LEN(THINK_CLOSE);
                     p->state = CN_PS_CONTENT;

@@ -41,20 +41,21 @@
  *     a value that is valid JSON is that JSON, else a string.
  *   - whitespace is ASCII whitespace (space, \t, \n, \v, \f, \r).
  *
- * States (each transition happens inside cn_parser_feed/finish when the deciding bytes arrive):
+ * States (transitions happen inside cn_parser_feed/finish once the deciding bytes have arrived):
  *
- *        thinking on                 thinking off
- *            |                            |
- *            v                            v
- *      THINK_START --[non-ws, not <think>]--> THINK --[</think>]--> CONTENT (at start)
- *        |  ^  [<think> once, dropped]         |                       |  ^
- *        +--+                                  |                       |  | [</tool_call>, call ok:
- *                                              +--[<tool_call>]--> CALL   |  TOOL_CALL event,
- *                  CONTENT --[<tool_call>]---------------------------> |  |  at start again]
- *                                                                      +--+
- *      CALL --[</tool_call>, malformed: raw text as content]--> CONTENT (not at start)
- *      any --[cn_parser_finish]--> DONE (held text flushed by the state's rules)
- *      any --[callback error or out of memory while parsing a call]--> FAILED (sticky)
+ *     init(thinking=1)                                          init(thinking=0)
+ *          |                                                          |
+ *          v                                                          v
+ *     THINK_START --[not ws, not <think>]--> THINK --[</think>]--> CONTENT <-------------+
+ *       |     ^                                |                      |                   |
+ *       +-----+ [<think> once: dropped]        |                 [<tool_call>]     [</tool_call>]
+ *                                              |                      v                   |
+ *                                              +----[<tool_call>]--> CALL ----------------+
+ *     CALL at </tool_call>: well formed -> TOOL_CALL event, CONTENT at start (whitespace dropped);
+ *                           malformed -> its raw bytes as content, CONTENT not at start
+ *     THINK_START, THINK, CONTENT, CALL --[cn_parser_finish]--> DONE (held bytes flushed by the
+ *                                                               rules; an open CALL is content)
+ *     any --[callback error, or out of memory building a call]--> FAILED (sticky)
  */
 #ifndef CN_TEXT_PARSER_H
 #define CN_TEXT_PARSER_H

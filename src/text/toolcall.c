@@ -84,7 +84,9 @@ static void collect_types(const cJSON *s, enum vtype *ts, int *n, int depth) {
     }
     if (cJSON_IsArray(type)) {
         const cJSON *t;
-        cJSON_ArrayForEach(t, type) if (cJSON_IsString(t)) add_type(ts, n, type_named(t->valuestring));
+        cJSON_ArrayForEach(t, type) {
+            if (cJSON_IsString(t)) add_type(ts, n, type_named(t->valuestring));
+        }
         if (*n) return;
     }
     static const char *const unions[] = {"anyOf", "oneOf"};
@@ -131,7 +133,7 @@ static cJSON *as_integer(const char *v, size_t n, int *oom) {
     if (i == n) return NULL;
     for (size_t k = i; k < n; k++)
         if (v[k] < '0' || v[k] > '9') return NULL;
-    while (i + 1 < n && v[i] == '0') i++; /* JSON forbids leading zeros; Python's int() drops them */
+    while (i + 1 < n && v[i] == '0') i++; /* JSON forbids leading zeros; Python's int drops them */
     char digits[64];
     if (n - i < 16) { /* below 10^15 < 2^53: exact as a double */
         int64_t x = 0;

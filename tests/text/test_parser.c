@@ -67,7 +67,8 @@ static int on_event(const cn_parse_event *e, void *ctx) {
         v->args = cJSON_Duplicate(e->arguments, 1);
         return 0;
     }
-    if (e->len == 0 || e->text[e->len] != '\0' || !whole_utf8((const unsigned char *)e->text, e->len))
+    if (e->len == 0 || e->text[e->len] != '\0' ||
+        !whole_utf8((const unsigned char *)e->text, e->len))
         r->bad = 1;
     rev *last = r->n ? &r->v[r->n - 1] : NULL;
     if (!last || last->kind != (int)e->kind) {
