@@ -11,5 +11,8 @@ const cn_cli_command cn_cli_commands[] = {
     {"serve", cn_cmd_serve},
     {"render", cn_cmd_render},
     {"parse", cn_cmd_parse},
+    {"tokenize", cn_cmd_tokenize},
+    {"detokenize", cn_cmd_detokenize},
+    {"bench", cn_cmd_bench},
     {NULL, NULL},
 };

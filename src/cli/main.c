@@ -15,6 +15,9 @@ static void usage(FILE *f) {
           "  serve       serve the Ollama and OpenAI HTTP APIs\n"
           "  render      write the prompt of a chat request (JSON on stdin)\n"
           "  parse       split generated text into thinking, content and tool calls\n"
+          "  tokenize    text to token ids (tokenizer.json)\n"
+          "  detokenize  token ids to text\n"
+          "  bench       speed measurements (bench tokenizer)\n"
           "\n"
           "Run `cairn <command> --help` for the options of one command.\n",
           f);
