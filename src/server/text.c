@@ -1,61 +1,91 @@
 /* text.c - adapts the text layer to the server; see text.h.
  *
- * The tokenizer (src/text/tokenizer.h) has not landed in this branch yet: until it does,
- * cn_text_open fails with a message that says so and `cairn serve` refuses to start, rather
- * than serving with a stand-in tokenizer.
+ * The prompt is the chat template's text, which writes special tokens (<|im_start|>, <think>)
+ * as text: they are recognised, and nothing is added around it (the template has its own
+ * markers). Generated special tokens are decoded too, because the reasoning/tool-call parser
+ * reads <think> and <tool_call> as text.
  */
 #include "server/text.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "text/tokenizer.h"
+
 struct cn_text {
+    cn_tokenizer *tok;
     const cn_renderer *renderer;
 };
 
 int cn_text_open(cn_text **out, const char *dir, const char *model_type, cn_err *err) {
-    (void)dir;
-    (void)model_type;
     *out = NULL;
-    return cn_err_set(err, CN_EUNSUPPORTED,
-                      "this build has no tokenizer yet (src/text/tokenizer.h), so it cannot serve text");
+    cn_text *t = calloc(1, sizeof *t);
+    if (!t) return cn_err_set(err, CN_ENOMEM, "out of memory");
+    if (!(t->renderer = cn_renderer_for_model_type(model_type))) {
+        free(t);
+        return cn_err_set(err, CN_EUNSUPPORTED, "no chat renderer for model_type \"%s\" (known: %s)",
+                          model_type, cn_renderer_names());
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    int rc = cn_tok_load(&t->tok, path, err);
+    if (rc) {
+        free(t);
+        return rc;
+    }
+    *out = t;
+    return CN_OK;
 }
 
-void cn_text_close(cn_text *t) { free(t); }
+void cn_text_close(cn_text *t) {
+    if (!t) return;
+    cn_tok_free(t->tok);
+    free(t);
+}
 
 const cn_renderer *cn_text_renderer(const cn_text *t) { return t->renderer; }
 
 int cn_text_encode(const cn_text *t, const char *s, size_t n, int32_t **ids, int *n_ids,
                    cn_err *err) {
-    (void)t;
-    (void)s;
-    (void)n;
-    *ids = NULL;
-    *n_ids = 0;
-    return cn_err_set(err, CN_EUNSUPPORTED, "no tokenizer");
+    size_t cnt = 0;
+    int rc = cn_tok_encode(t->tok, s, n, CN_TOK_PARSE_SPECIAL, ids, &cnt, err);
+    *n_ids = rc ? 0 : (int)cnt;
+    return rc;
 }
 
 int cn_detok_init(cn_detok *d, const cn_text *t) {
     memset(d, 0, sizeof *d);
     d->t = t;
+    cn_tok_stream *s = calloc(1, sizeof *s);
+    if (!s) return CN_ENOMEM;
+    if (cn_tok_stream_init(s, t->tok, 0)) {
+        free(s);
+        return CN_ENOMEM;
+    }
+    d->impl = s;
     return CN_OK;
 }
 
 int cn_detok_push(cn_detok *d, int32_t id, const char **out, size_t *n) {
-    (void)d;
-    (void)id;
     *out = "";
     *n = 0;
-    return CN_EUNSUPPORTED;
+    return cn_tok_stream_feed(d->impl, id, out, n, NULL);
 }
 
 void cn_detok_flush(cn_detok *d, const char **out, size_t *n) {
-    (void)d;
     *out = "";
     *n = 0;
+    if (d->impl && cn_tok_stream_flush(d->impl, out, n, NULL)) {
+        *out = "";
+        *n = 0;
+    }
 }
 
 void cn_detok_free(cn_detok *d) {
-    free(d->buf);
+    if (d->impl) {
+        cn_tok_stream_free(d->impl);
+        free(d->impl);
+    }
     memset(d, 0, sizeof *d);
 }

@@ -35,9 +35,7 @@ int cn_text_encode(const cn_text *t, const char *s, size_t n, int32_t **ids, int
 
 typedef struct cn_detok {
     const cn_text *t;
-    char *buf;       /* bytes not yet handed out (an incomplete UTF-8 tail) + the last piece */
-    size_t len, cap;
-    void *impl;      /* the tokenizer's streaming decoder state */
+    void *impl; /* the tokenizer's cn_tok_stream */
 } cn_detok;
 
 int cn_detok_init(cn_detok *d, const cn_text *t);
