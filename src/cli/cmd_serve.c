@@ -154,6 +154,12 @@ int cn_cmd_serve(int argc, char **argv) {
         .ctx = eo.ctx,
         .max_ctx = c->max_position_embeddings,
     };
+    const char *canned = getenv("CAIRN_TEST_CANNED_OUTPUT");
+    if (canned && *canned)
+        fprintf(stderr, "cairn: CAIRN_TEST_CANNED_OUTPUT is set: every answer is that canned text "
+                        "(for tests only)\n");
+    else
+        canned = NULL;
     cn_server_opts so = {
         .host = host,
         .port = port,
@@ -162,6 +168,7 @@ int cn_cmd_serve(int argc, char **argv) {
         .max_queue = max_queue,
         .finish_cancelled_s = finish_cancelled,
         .keepalive_s = keepalive,
+        .test_canned_output = canned,
     };
     if ((rc = cn_server_open(&srv, &so, e, t, &card, &err))) {
         fprintf(stderr, "cairn: %s\n", err.msg);

@@ -188,7 +188,19 @@ static int cb_token(void *ctx, int32_t t) {
     if (cn_job_get_state(j) == CN_JOB_PREFILL) cn_job_set_state(j, CN_JOB_DECODE);
     const char *s;
     size_t n;
-    int rc = cn_detok_push(&j->detok, t, &s, &n);
+    int rc;
+    if (j->canned) { /* tests: the next few bytes of the canned text, whole characters only */
+        s = j->canned + j->canned_pos;
+        n = 0;
+        while (s[n] && n < 4) n++;
+        while (s[n] && ((unsigned char)s[n] & 0xC0) == 0x80) n++;
+        j->canned_pos += n;
+        rc = text_in(j, s, n);
+        if (!j->canned[j->canned_pos]) j->stopped = 1;
+        if (rc && rc != CN_ECANCELED) j->failed = rc;
+        return j->stopped || j->failed;
+    }
+    rc = cn_detok_push(&j->detok, t, &s, &n);
     if (!rc) rc = text_in(j, s, n);
     if (rc && rc != CN_ECANCELED) j->failed = rc;
     return j->stopped || j->failed;
@@ -229,6 +241,7 @@ int cn_job_run(cn_job *j, cn_engine *e, cn_cancel_fn cancel, void *cancel_ctx) {
         .tokens = j->prompt,
         .n_tokens = j->n_prompt,
         .max_tokens = j->max_tokens,
+        .ignore_eos = j->ignore_eos,
         .sampling = j->sampling,
         .cancel = cb_cancel,
         .on_token = cb_token,

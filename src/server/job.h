@@ -68,12 +68,15 @@ typedef struct cn_job {
     int32_t *prompt;   /* [n_prompt] token ids */
     int n_prompt;
     int max_tokens;
+    int ignore_eos; /* OpenAI extension (vLLM): generate max_tokens whatever the model says */
     cn_sampler_params sampling;
     cn_stopseq stops;
     int parse;      /* 1: run the reasoning/tool-call parser (chat endpoints) */
     int thinking;   /* parse: the prompt opened <think> */
     cJSON *tools;   /* parse: OpenAI tools array, owned; NULL if none */
     const cn_text *text; /* tokenizer for decoding; not owned, outlives every job */
+    const char *canned;  /* TESTS ONLY (CAIRN_TEST_CANNED_OUTPUT): text that replaces the decoded
+                          * output, a few bytes per generated token; not owned */
 
     /* shared between the worker and the connection, under mu */
     pthread_mutex_t mu;
@@ -90,6 +93,7 @@ typedef struct cn_job {
     size_t content_len, content_cap, thinking_len, thinking_cap;
     cn_tool_call_out *calls;
     int n_calls;
+    size_t canned_pos; /* bytes of canned already handed out */
     int sent_role;   /* OpenAI chat stream: the role delta went out */
     int stopped;     /* a stop string matched */
     int failed;      /* out of memory or a write error while building frames */

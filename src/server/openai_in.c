@@ -3,7 +3,8 @@
  * Honoured: model, messages / prompt (a string or an array of one string), max_tokens /
  * max_completion_tokens, temperature, top_p, stop (up to 4), seed, presence_penalty,
  * frequency_penalty, n = 1, stream, stream_options.include_usage, tools, tool_choice ("auto",
- * "none"), chat_template_kwargs, and the common extensions top_k, min_p, repeat_penalty.
+ * "none"), chat_template_kwargs, and the common extensions top_k, min_p, repeat_penalty,
+ * ignore_eos (vLLM's).
  * Refused by name: n > 1, logprobs, echo, suffix, best_of > 1, a required or named tool_choice,
  * and a response_format other than text. Defaults are OpenAI's: temperature 1, top_p 1, no top-k.
  */
@@ -51,6 +52,10 @@ static int sampling(cn_job *j, const cJSON *root, cn_refusal *r) {
     if (st && !cJSON_IsNull(st) && !cJSON_IsBool(st))
         return cn_refuse(r, 400, "stream", "stream must be true or false");
     j->stream = cJSON_IsTrue(st);
+    const cJSON *ie = cJSON_GetObjectItemCaseSensitive(root, "ignore_eos");
+    if (ie && !cJSON_IsNull(ie) && !cJSON_IsBool(ie))
+        return cn_refuse(r, 400, "ignore_eos", "ignore_eos must be true or false");
+    j->ignore_eos = cJSON_IsTrue(ie);
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
     if (so && !cJSON_IsNull(so)) {
         if (!cJSON_IsObject(so))

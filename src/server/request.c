@@ -112,6 +112,7 @@ cn_job *cn_req_new_job(const cn_api_env *env, cn_api api, const char *id_prefix)
     if (!j) return NULL;
     j->api = api;
     j->text = env->text;
+    j->canned = env->canned;
     j->max_tokens = -1;
     cn_sampler_params_default(&j->sampling);
     uint64_t rnd[2] = {0, 0};

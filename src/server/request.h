@@ -19,6 +19,7 @@ typedef struct cn_api_env {
     const char *model_name; /* served name */
     const cn_text *text;
     int ctx;                /* the engine's context, tokens */
+    const char *canned;     /* TESTS ONLY: see cn_server_opts.test_canned_output */
 } cn_api_env;
 
 typedef struct cn_refusal {

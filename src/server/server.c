@@ -84,6 +84,9 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max) {
 
 static void reader_free(void *cls) {
     stream *st = cls;
+    cn_job_state js = cn_job_get_state(st->job);
+    if (js != CN_JOB_DONE && js != CN_JOB_CANCELED && cn_job_gone_at(st->job) == 0)
+        cn_log(CN_LOG_INFO, "request %s: client disconnected", st->job->id);
     cn_job_abandon(st->job); /* no-op for a job read to its end; cancels one that was not */
     cn_job_unref(st->job);
     free(st);
@@ -249,6 +252,7 @@ int cn_server_open(cn_server **out, const cn_server_opts *o, cn_engine *e, const
     s->env.model_name = card->name;
     s->env.text = t;
     s->env.ctx = card->ctx;
+    s->env.canned = o->test_canned_output;
     struct sockaddr_in a4;
     struct sockaddr_in6 a6;
     struct sockaddr *sa;
