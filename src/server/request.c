@@ -113,6 +113,7 @@ cn_job *cn_req_new_job(const cn_api_env *env, cn_api api, const char *id_prefix)
     j->api = api;
     j->text = env->text;
     j->canned = env->canned;
+    j->ignore_eos = env->canned != NULL; /* the canned text, not the random model, decides the end */
     j->max_tokens = -1;
     cn_sampler_params_default(&j->sampling);
     uint64_t rnd[2] = {0, 0};
