@@ -18,7 +18,9 @@ struct cn_text {
     const cn_renderer *renderer;
 };
 
-int cn_text_open(cn_text **out, const char *dir, const char *model_type, cn_err *err) {
+/* Loads from dir/tokenizer.json (json NULL) or from json[0, len). */
+static int open_text(cn_text **out, const char *dir, const char *json, size_t len,
+                     const char *model_type, cn_err *err) {
     *out = NULL;
     cn_text *t = calloc(1, sizeof *t);
     if (!t) return cn_err_set(err, CN_ENOMEM, "out of memory");
@@ -28,14 +30,23 @@ int cn_text_open(cn_text **out, const char *dir, const char *model_type, cn_err 
                           model_type, cn_renderer_names());
     }
     char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
-    int rc = cn_tok_load(&t->tok, path, err);
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir ? dir : "");
+    int rc = json ? cn_tok_load_json(&t->tok, json, len, err) : cn_tok_load(&t->tok, path, err);
     if (rc) {
         free(t);
         return rc;
     }
     *out = t;
     return CN_OK;
+}
+
+int cn_text_open(cn_text **out, const char *dir, const char *model_type, cn_err *err) {
+    return open_text(out, dir, NULL, 0, model_type, err);
+}
+
+int cn_text_open_json(cn_text **out, const char *tok_json, size_t len, const char *model_type,
+                      cn_err *err) {
+    return open_text(out, NULL, tok_json, len, model_type, err);
 }
 
 void cn_text_close(cn_text *t) {

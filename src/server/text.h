@@ -23,6 +23,9 @@ typedef struct cn_text cn_text; /* layout: text.c */
 /* Loads dir/tokenizer.json and picks the renderer for the config's model_type. Returns 0, or a
  * CN_E code with err naming the file or the missing piece. */
 int cn_text_open(cn_text **out, const char *dir, const char *model_type, cn_err *err);
+/* The same from a tokenizer.json's text (tests, the fuzzer). */
+int cn_text_open_json(cn_text **out, const char *tok_json, size_t len, const char *model_type,
+                      cn_err *err);
 void cn_text_close(cn_text *t);
 
 const cn_renderer *cn_text_renderer(const cn_text *t);
