@@ -15,6 +15,7 @@
 #include "cli/cli_util.h"
 #include "cli/flags.h"
 #include "engine/engine.h"
+#include "text/tokenizer.h"
 
 /* Set by the SIGINT handler, read by the engine's cancel poll: the one place a signal can reach. */
 static volatile sig_atomic_t g_interrupted;
@@ -32,16 +33,59 @@ static int cancel_poll(void *ctx) {
 typedef struct stream_ctx {
     int json;
     int n;
+    cn_tok_stream *text; /* NULL: print ids */
+    char *all;           /* the decoded text so far (for --json) */
+    size_t len, cap;
 } stream_ctx;
+
+static int append(stream_ctx *s, const char *p, size_t n) {
+    if (s->len + n + 1 > s->cap) {
+        size_t cap = s->cap ? s->cap * 2 : 256;
+        while (cap < s->len + n + 1) cap *= 2;
+        char *q = realloc(s->all, cap);
+        if (!q) return CN_ENOMEM;
+        s->all = q;
+        s->cap = cap;
+    }
+    memcpy(s->all + s->len, p, n);
+    s->len += n;
+    s->all[s->len] = '\0';
+    return CN_OK;
+}
 
 static int print_token(void *ctx, int32_t t) {
     stream_ctx *s = ctx;
-    if (!s->json) {
+    if (s->text) {
+        const char *out;
+        size_t n;
+        if (cn_tok_stream_feed(s->text, t, &out, &n, NULL) == CN_OK && n) {
+            if (append(s, out, n)) return 1;
+            if (!s->json) {
+                fwrite(out, 1, n, stdout);
+                fflush(stdout);
+            }
+        }
+    } else if (!s->json) {
         printf("%s%d", s->n ? "," : "", t);
         fflush(stdout);
     }
     s->n++;
     return 0;
+}
+
+/* A JSON string literal of UTF-8 text (the decoder's output is valid UTF-8). */
+static void print_json_string(const char *s, size_t n) {
+    putchar('"');
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') printf("\\%c", c);
+        else if (c == '\n') fputs("\\n", stdout);
+        else if (c == '\r') fputs("\\r", stdout);
+        else if (c == '\t') fputs("\\t", stdout);
+        else if (c < 0x20) printf("\\u%04x", c);
+        else putchar(c);
+    }
+    putchar('"');
 }
 
 int cn_cmd_generate(int argc, char **argv) {
@@ -86,30 +130,59 @@ int cn_cmd_generate(int argc, char **argv) {
         fprintf(stderr, "cairn: --max-tokens, --ctx, --chunk and --cache-spacing must be >= 0\n");
         return 2;
     }
-    if (prompt) {
-        fprintf(stderr, "cairn: --prompt needs the tokenizer, which this build does not have yet; "
-                        "use --tokens\n");
-        return 2;
+    /* The model's tokenizer, when it ships one: needed for --prompt, used for text output. */
+    cn_tokenizer *tok = NULL;
+    cn_err err;
+    cn_err_clear(&err);
+    char tok_path[4096];
+    snprintf(tok_path, sizeof tok_path, "%s/tokenizer.json", model);
+    rc = cn_tok_load(&tok, tok_path, &err);
+    if (rc && (prompt || rc != CN_ENOENT)) {
+        fprintf(stderr, "cairn: %s%s\n", err.msg, prompt ? " (--prompt needs the tokenizer)" : "");
+        return 1;
     }
     int32_t *ids = NULL;
     int n = 0;
-    if ((rc = cn_cli_parse_tokens(tokens_arg, &ids, &n))) return rc == CN_EUSAGE ? 2 : 1;
+    if (prompt) {
+        size_t nn = 0;
+        if ((rc = cn_tok_encode(tok, prompt, strlen(prompt), CN_TOK_PARSE_SPECIAL | CN_TOK_ADD_SPECIAL,
+                                &ids, &nn, &err))) {
+            fprintf(stderr, "cairn: --prompt: %s\n", err.msg);
+            cn_tok_free(tok);
+            return rc == CN_EFORMAT ? 2 : 1;
+        }
+        n = (int)nn;
+        if (n == 0) {
+            fprintf(stderr, "cairn: --prompt encodes to no tokens\n");
+            free(ids);
+            cn_tok_free(tok);
+            return 2;
+        }
+    } else if ((rc = cn_cli_parse_tokens(tokens_arg, &ids, &n))) {
+        cn_tok_free(tok);
+        return rc == CN_EUSAGE ? 2 : 1;
+    }
     if (eo.ctx == 0) eo.ctx = n + max_tokens + 1 > 4096 ? n + max_tokens + 1 : 4096;
     cn_backend *b;
     cn_model *m;
     if (cn_cli_open_model(model, threads, ubatch, &b, &m)) {
         free(ids);
+        cn_tok_free(tok);
         return 1;
     }
     int status = 1;
     cn_engine *e = NULL;
-    cn_err err;
-    cn_err_clear(&err);
+    cn_tok_stream ts;
+    int ts_ok = 0;
+    stream_ctx sc = {json, 0, NULL, NULL, 0, 0};
     if ((rc = cn_engine_open(&e, m, &eo, &err))) {
         fprintf(stderr, "cairn: %s\n", err.msg);
         goto done;
     }
-    stream_ctx sc = {json, 0};
+    if (tok && cn_tok_stream_init(&ts, tok, CN_TOK_SKIP_SPECIAL) == CN_OK) {
+        ts_ok = 1;
+        sc.text = &ts;
+    }
     rq.tokens = ids;
     rq.n_tokens = n;
     rq.max_tokens = max_tokens;
@@ -131,11 +204,24 @@ int cn_cmd_generate(int argc, char **argv) {
         free(res.tokens);
         goto done;
     }
+    if (sc.text) {
+        const char *tail;
+        size_t tn;
+        if (cn_tok_stream_flush(sc.text, &tail, &tn, NULL) == CN_OK && tn) {
+            append(&sc, tail, tn);
+            if (!json) fwrite(tail, 1, tn, stdout);
+        }
+    }
     if (json) {
         printf("{\"prompt_tokens\":%d,\"cached_tokens\":%d,\"prompt_eval_count\":%d,\"eval_count\":%d,"
                "\"tokens\":[", res.prompt_tokens, res.cached_tokens, res.prompt_eval_count, res.eval_count);
         for (int i = 0; i < res.eval_count; i++) printf("%s%d", i ? "," : "", res.tokens[i]);
-        printf("],\"done_reason\":\"%s\",\"prompt_eval_ms\":%.3f,\"eval_ms\":%.3f}\n",
+        printf("]");
+        if (sc.text) {
+            printf(",\"text\":");
+            print_json_string(sc.all ? sc.all : "", sc.len);
+        }
+        printf(",\"done_reason\":\"%s\",\"prompt_eval_ms\":%.3f,\"eval_ms\":%.3f}\n",
                res.stop == CN_STOP_EOS ? "stop" : res.stop == CN_STOP_CANCELED ? "canceled" : "length",
                res.prompt_ms, res.eval_ms);
     } else {
@@ -148,7 +234,10 @@ int cn_cmd_generate(int argc, char **argv) {
     free(res.tokens);
     status = rc == CN_ECANCELED ? 130 : 0;
 done:
+    if (ts_ok) cn_tok_stream_free(&ts);
+    free(sc.all);
     cn_engine_close(e);
+    cn_tok_free(tok);
     free(ids);
     cn_cli_close_model(b, m);
     return status;

@@ -98,7 +98,14 @@ int cn_engine_generate(cn_engine *e, const cn_request *r, cn_result *res) {
     }
     int rc0;
     memcpy(all, r->tokens, (size_t)n * sizeof *all);
-    cn_keys_build(all, n, NULL, 0, 0, keys);
+    if (cn_keys_build(all, n, r->media, r->n_media, 0, keys)) {
+        free(keys);
+        free(all);
+        free(res->tokens);
+        res->tokens = NULL;
+        cn_sampler_free(&smp);
+        return CN_EINVAL; /* media items out of order or outside the prompt */
+    }
     if (e->o.no_cache && (rc0 = cn_pc_reset(&e->pc))) { /* a cold run restores nothing */
         free(keys);
         free(all);

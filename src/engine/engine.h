@@ -57,6 +57,9 @@ typedef struct cn_request {
     int ignore_eos;        /* 1: end-of-sequence ids are ordinary tokens (vLLM's ignore_eos) */
     void *ctx;
     float *prompt_logits;  /* OUT (optional): [vocab] logits after the prompt's last token */
+    const cn_media_item *media; /* (optional) [n_media] media expansions in the prompt, sorted: their
+                                 * ranges are keyed by content in the cache, the model sees ids */
+    int n_media;
 } cn_request;
 
 typedef enum cn_stop { CN_STOP_LENGTH = 0, CN_STOP_EOS, CN_STOP_CALLER, CN_STOP_CANCELED } cn_stop;

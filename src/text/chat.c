@@ -144,7 +144,8 @@ static int read_tool_call(const cJSON *tc, const char *where, cn_chat_tool_call 
         const char *t = type_name(parsed);
         cJSON_Delete(parsed);
         return cn_err_set(err, CN_EINVAL,
-                          "%s.function.arguments: the JSON string holds %s, not an object", where, t);
+                          "%s.function.arguments: the JSON string holds %s, not an object",
+                          where, t);
     }
     out->arguments = parsed;
     return 0;
@@ -230,7 +231,9 @@ static int read_tools(const cJSON *tools, cJSON **out, cn_err *err) {
 
 /* ---------------------------------------------------------------- /think, /no_think */
 
-static int is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+static int is_ws(char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
 
 /* Removes every delimited /think and /no_think from s (in place); returns the last one's value
  * (1 or 0), or -1 if there was none. */

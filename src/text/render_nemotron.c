@@ -35,7 +35,8 @@
 #include "text/pyjson.h"
 #include "text/render_impl.h"
 
-static const char tools_intro[] = "# Tools\n\nYou have access to the following functions:\n\n<tools>";
+static const char tools_intro[] =
+    "# Tools\n\nYou have access to the following functions:\n\n<tools>";
 
 static const char tools_instructions[] =
     "\n"

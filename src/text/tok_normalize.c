@@ -53,8 +53,11 @@ static int lowercase(const char *s, size_t n, tok_buf *out, cn_err *err) {
     for (size_t i = 0; i < n;) {
         size_t k;
         uint32_t cp = tok_utf8_get(s + i, n - i, &k);
-        if (tok_buf_put_cp(out, (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp)))
-            return cn_err_set(err, CN_ENOMEM, "out of memory");
+        /* Rust's char::to_lowercase uses the full mapping; utf8proc the simple one. They differ only
+         * for U+0130 (capital I with dot above), which lowercases to "i" + U+0307. */
+        int rc = cp == 0x130 ? tok_buf_put(out, "i\xcc\x87", 3)
+                             : tok_buf_put_cp(out, (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp));
+        if (rc) return cn_err_set(err, CN_ENOMEM, "out of memory");
         i += k;
     }
     return CN_OK;

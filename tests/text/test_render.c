@@ -251,15 +251,18 @@ static void test_bad_input(void **state) {
                  CN_EINVAL, "\"image_url\" are not supported");
     expect_error("{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\"}]}]}",
                  CN_EINVAL, "messages[0].content[0].text: expected a string");
-    expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"x\", \"images\": [\"aGk=\"]}]}",
+    expect_error("{\"messages\": [{\"role\": \"user\", \"content\": \"x\","
+                 " \"images\": [\"aGk=\"]}]}",
                  CN_EINVAL, "images are not supported");
-    expect_error("{\"messages\": [{\"role\": \"assistant\", \"content\": \"x\", \"reasoning_content\": 3}]}",
+    expect_error("{\"messages\": [{\"role\": \"assistant\", \"content\": \"x\","
+                 " \"reasoning_content\": 3}]}",
                  CN_EINVAL, "messages[0].reasoning_content: expected a string");
     expect_error("{\"messages\": [{\"role\": \"assistant\", \"tool_calls\": {}}]}", CN_EINVAL,
                  "messages[0].tool_calls: expected an array");
     expect_error("{\"messages\": [{\"role\": \"assistant\", \"tool_calls\": [{\"function\":"
                  " {\"arguments\": {}}}]}]}",
-                 CN_EINVAL, "messages[0].tool_calls[0].function.name: expected a string, got nothing");
+                 CN_EINVAL,
+                 "messages[0].tool_calls[0].function.name: expected a string, got nothing");
     expect_error("{\"messages\": [{\"role\": \"assistant\", \"tool_calls\": [{\"function\":"
                  " {\"name\": \"f\", \"arguments\": \"[1, 2]\"}}]}]}",
                  CN_EINVAL, "holds an array, not an object");
