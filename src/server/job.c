@@ -232,8 +232,8 @@ int cn_job_run(cn_job *j, cn_engine *e, cn_cancel_fn cancel, void *cancel_ctx) {
     }
     if (rc) {
         ops->final(j, rc);
+        cn_job_set_state(j, CN_JOB_DONE); /* before the close: a reader that sees the end sees DONE */
         cn_chan_close(&j->chan);
-        cn_job_set_state(j, CN_JOB_DONE);
         return rc;
     }
     cn_job_set_state(j, CN_JOB_PREFILL);
@@ -250,15 +250,15 @@ int cn_job_run(cn_job *j, cn_engine *e, cn_cancel_fn cancel, void *cancel_ctx) {
     };
     rc = cn_engine_generate(e, &rq, &j->res);
     if (rc == CN_ECANCELED && cn_job_gone_at(j) > 0) { /* nobody to tell */
-        cn_chan_close(&j->chan);
         cn_job_set_state(j, CN_JOB_CANCELED);
+        cn_chan_close(&j->chan);
         return rc;
     }
     if (!rc && j->failed) rc = j->failed;
     int trc = finish_text(j);
     if (!rc && trc && trc != CN_ECANCELED) rc = trc;
     ops->final(j, rc);
-    cn_chan_close(&j->chan);
     cn_job_set_state(j, CN_JOB_DONE);
+    cn_chan_close(&j->chan);
     return rc;
 }

@@ -7,7 +7,7 @@
  *     BODY     [further calls]   bytes accumulate up to max_body (beyond: 413 at the end)
  *     ROUTE    [last call]       routes.c answers at once or queues a job; a job's response is
  *                                queued with a content reader, so headers go out immediately
- *     STREAM   [content reader]  drains the job's channel; between bytes it checks every 200 ms
+ *     STREAM   [content reader]  drains the job's channel; between bytes it checks every 100 ms
  *                                whether the peer closed its socket (that is the cancellation),
  *                                and sends the dialect's idle bytes after keepalive_s of silence
  *     DONE     [response freed]  the job is abandoned if it was not read to its end
@@ -61,7 +61,7 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max) {
     (void)pos;
     stream *st = cls;
     for (;;) {
-        long n = cn_chan_read(&st->job->chan, buf, max, 200);
+        long n = cn_chan_read(&st->job->chan, buf, max, 100);
         double now = cn_now_ms();
         if (n > 0) {
             st->last = now;

@@ -57,8 +57,8 @@ static void *worker_main(void *arg) {
 
         if (cn_job_gone_at(j) > 0) { /* (3): nobody waits for it */
             cn_log(CN_LOG_INFO, "request %s: client left while queued; dropped", j->id);
-            cn_chan_close(&j->chan);
             cn_job_set_state(j, CN_JOB_CANCELED);
+            cn_chan_close(&j->chan);
         } else {
             cancel_ctx cc = {w, j};
             cn_job_run(j, w->engine, should_cancel, &cc);
@@ -102,8 +102,8 @@ void cn_worker_stop(cn_worker *w) {
     for (int i = 0; i < w->count; i++) {
         cn_job *j = w->q[(w->head + i) % w->max_queue];
         cn_api_ops_for(j->api)->final(j, CN_ECANCELED);
-        cn_chan_close(&j->chan);
         cn_job_set_state(j, CN_JOB_CANCELED);
+        cn_chan_close(&j->chan);
         cn_job_unref(j);
     }
     w->count = 0;

@@ -160,12 +160,12 @@ test('curl: SSE stream ends with [DONE], NDJSON lines parse, headers come first'
 });
 
 test('keep-alives: long prefill sends progress (SSE comments, NDJSON prefill chunks)', async () => {
-  const prompt = longText(1000, 3);
+  const prompt = longText(500, 3);
   const res = await fetch(srv.url + '/v1/completions', { method: 'POST', body: JSON.stringify({ model: MODEL, prompt, max_tokens: 1, stream: true }) });
   const body = await res.text();
   assert.match(body, /^: prefill \d+\/\d+\n\n/m);
   let progress = 0;
-  for await (const p of await ollama.generate({ model: MODEL, prompt: longText(1000, 4), raw: true, stream: true, options: { num_predict: 1 } }))
+  for await (const p of await ollama.generate({ model: MODEL, prompt: longText(500, 4), raw: true, stream: true, options: { num_predict: 1 } }))
     if (p.prefill) { progress++; assert.ok(p.prefill.done < p.prefill.total); assert.equal(p.response, ''); }
   assert.ok(progress > 3, 'several progress chunks');
 });
@@ -197,16 +197,16 @@ async function abortAtFirstProgress(client, prompt) {
 }
 
 test('abort mid-prefill, retry later: the prefill finished in idle time, the retry evaluates almost nothing', async () => {
-  const prompt = longText(1100, 11);
+  const prompt = longText(500, 11);
   const total = await abortAtFirstProgress(ollama, prompt);
-  assert.ok(total > 1000);
+  assert.ok(total > 500);
   await waitFor(async () => (await ollama.ps()).models[0].running === 0, 30000, 'the abandoned prefill to finish');
   const r = await ollama.generate({ model: MODEL, prompt, raw: true, stream: false, options: { num_predict: 2 } });
   assert.ok(r.prompt_eval_count < 64, `retry evaluated ${r.prompt_eval_count} of ${total}`);
 });
 
 test('abort mid-prefill, retry at once: the retry joins the running prefill', async () => {
-  const prompt = longText(1100, 12);
+  const prompt = longText(500, 12);
   const total = await abortAtFirstProgress(ollama, prompt);
   const r = await ollama.generate({ model: MODEL, prompt, raw: true, stream: false, options: { num_predict: 2 } });
   assert.ok(r.prompt_eval_count < total - 64, `retry evaluated ${r.prompt_eval_count} of ${total}`);
