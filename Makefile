@@ -1,5 +1,5 @@
 # Thin wrapper over CMake: `make` builds build/cairn, `make test` runs every test plainly and
-# under AddressSanitizer + UndefinedBehaviorSanitizer, `make run` generates from the default model.
+# under AddressSanitizer + UndefinedBehaviorSanitizer, `make run` serves the default model.
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 MODEL ?= models/tiny
 
@@ -30,7 +30,7 @@ $(MODEL)/config.json: | build
 	./build/cairn make-model --preset tiny --out $(MODEL)
 
 run: build $(MODEL)/config.json
-	./build/cairn generate --model $(MODEL) --tokens 1,2,3 --max-tokens 16
+	./build/cairn serve --model $(MODEL)
 
 clean:
 	rm -rf build build-asan

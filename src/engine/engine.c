@@ -156,7 +156,7 @@ int cn_engine_generate(cn_engine *e, const cn_request *r, cn_result *res) {
     res->stop = CN_STOP_LENGTH;
     while (res->eval_count < r->max_tokens) {
         int32_t t = cn_sampler_sample(&smp, e->logits);
-        if (is_eos(e, t)) {
+        if (!r->ignore_eos && is_eos(e, t)) {
             res->stop = CN_STOP_EOS;
             break;
         }

@@ -56,6 +56,7 @@ typedef struct cn_request {
     cn_cancel_fn cancel;   /* (optional) */
     cn_token_fn on_token;  /* (optional) */
     cn_progress_fn on_progress; /* (optional) */
+    int ignore_eos;        /* 1: end-of-sequence ids are ordinary tokens (vLLM's ignore_eos) */
     void *ctx;
     float *prompt_logits;  /* OUT (optional): [vocab] logits after the prompt's last token */
     const cn_media_item *media; /* (optional) [n_media] media expansions in the prompt, sorted: their

@@ -1,0 +1,192 @@
+/* cmd_serve.c - `cairn serve`: load one model and serve the Ollama and OpenAI APIs until SIGINT
+ * or SIGTERM.
+ *
+ * The signals are blocked before any thread starts and taken with sigwait() here, so no handler
+ * and no global flag is needed; every server thread inherits the blocked mask. The listening
+ * address comes from --host/--port, else CAIRN_HOST ("HOST" or "HOST:PORT"), else 127.0.0.1:11435:
+ * loopback unless told otherwise. The line "cairn: serving NAME on http://HOST:PORT" on stderr
+ * says the server is ready (tests read the port from it when --port 0 picks one).
+ */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli/cli.h"
+#include "cli/cli_util.h"
+#include "cli/flags.h"
+#include "engine/engine.h"
+#include "server/server.h"
+#include "server/text.h"
+
+/* The basename of dir, without trailing slashes, into buf. */
+static void base_name(const char *dir, char *buf, size_t n) {
+    size_t len = strlen(dir);
+    while (len > 1 && dir[len - 1] == '/') len--;
+    size_t start = len;
+    while (start > 0 && dir[start - 1] != '/') start--;
+    snprintf(buf, n, "%.*s", (int)(len - start), dir + start);
+}
+
+/* CAIRN_HOST "HOST" or "HOST:PORT" (IPv6 as "[::1]:PORT") into host / port. */
+static int parse_host_env(const char *v, char *host, size_t hn, int *port) {
+    const char *colon = strrchr(v, ':');
+    if (v[0] == '[') {
+        const char *close = strchr(v, ']');
+        if (!close) return -1;
+        snprintf(host, hn, "%.*s", (int)(close - v - 1), v + 1);
+        if (close[1] == ':') *port = atoi(close + 2);
+        return 0;
+    }
+    if (colon && strchr(v, ':') == colon) {
+        snprintf(host, hn, "%.*s", (int)(colon - v), v);
+        *port = atoi(colon + 1);
+        return 0;
+    }
+    snprintf(host, hn, "%s", v);
+    return 0;
+}
+
+int cn_cmd_serve(int argc, char **argv) {
+    const char *model = NULL, *name = NULL, *host = NULL, *api_key = NULL, *cache_dir = NULL;
+    int port = 11435, threads = 0, ubatch = 0, max_queue = 64;
+    float finish_cancelled = 120, keepalive = 5;
+    uint64_t max_body = 32u << 20;
+    cn_engine_opts eo = {.cache = {.pre_end = 4}};
+    cn_flag flags[] = {
+        {"model", CN_FLAG_STR, &model, "DIR", "model directory", 1, 0},
+        {"name", CN_FLAG_STR, &name, "NAME", "served model name (default: the directory's basename)", 0, 0},
+        {"host", CN_FLAG_STR, &host, "ADDR", "listen address (default 127.0.0.1, or CAIRN_HOST)", 0, 0},
+        {"port", CN_FLAG_INT, &port, "N", "listen port (default 11435; 0 picks a free one)", 0, 0},
+        {"ctx", CN_FLAG_INT, &eo.ctx, "N", "context length in tokens (default 4096)", 0, 0},
+        {"cache-ram", CN_FLAG_SIZE, &eo.cache.ram_budget, "SIZE", "host RAM for restore points (default 4G)", 0, 0},
+        {"cache-dir", CN_FLAG_STR, &cache_dir, "DIR", "disk tier for restore points (survives restarts)", 0, 0},
+        {"cache-disk", CN_FLAG_SIZE, &eo.disk_budget, "SIZE", "disk for restore points (default 16G)", 0, 0},
+        {"api-key", CN_FLAG_STR, &api_key, "KEY", "require Authorization: Bearer KEY", 0, 0},
+        {"max-queue", CN_FLAG_INT, &max_queue, "N", "requests that may wait before 503 (default 64)", 0, 0},
+        {"finish-cancelled", CN_FLAG_FLOAT, &finish_cancelled, "SECONDS",
+         "keep prefilling a prompt whose client left, while idle, up to SECONDS (default 120; 0: off)", 0, 0},
+        {"keepalive", CN_FLAG_FLOAT, &keepalive, "SECONDS", "idle seconds before keep-alive bytes (default 5)", 0, 0},
+        {"max-body", CN_FLAG_SIZE, &max_body, "SIZE", "largest request body (default 32M)", 0, 0},
+        {"chunk", CN_FLAG_INT, &eo.chunk, "N", "prompt tokens per forward (default 512)", 0, 0},
+        {"cache-spacing", CN_FLAG_INT, &eo.cache.spacing, "N", "a restore point every N prompt tokens (default 1024)", 0, 0},
+        {"threads", CN_FLAG_INT, &threads, "N", "CPU threads (default: all cores)", 0, 0},
+        {"ubatch", CN_FLAG_INT, &ubatch, "N", "tokens per forward chunk of scratch (default 256)", 0, 0},
+        {NULL, 0, NULL, NULL, NULL, 0, 0},
+    };
+    const char *syn = "serve --model DIR [--name NAME] [--host 127.0.0.1] [--port 11435] [--ctx N] "
+                      "[--cache-ram SIZE] [--cache-dir DIR] [--api-key KEY] [--max-queue N] "
+                      "[--finish-cancelled SECONDS]";
+    int rc = cn_flags_parse(flags, argc, argv, syn);
+    if (rc) return rc > 0 ? 0 : 2;
+    eo.cache_dir = cache_dir;
+    if (eo.disk_budget && !cache_dir) {
+        fprintf(stderr, "cairn: --cache-disk needs --cache-dir\n");
+        return 2;
+    }
+    if (port < 0 || port > 65535 || eo.ctx < 0 || eo.chunk < 0 || eo.cache.spacing < 0 ||
+        max_queue < 1 || max_queue > 100000 || finish_cancelled < 0 || finish_cancelled > 3600 ||
+        keepalive <= 0 || max_body < 1024) {
+        fprintf(stderr, "cairn: out of range: --port 0..65535, --ctx/--chunk/--cache-spacing >= 0, "
+                        "--max-queue 1..100000, --finish-cancelled 0..3600, --keepalive > 0, "
+                        "--max-body >= 1K\n");
+        return 2;
+    }
+    char host_buf[256];
+    const char *env_host = getenv("CAIRN_HOST");
+    if (!host && env_host && *env_host) {
+        int p = -1;
+        parse_host_env(env_host, host_buf, sizeof host_buf, &p);
+        host = host_buf;
+        if (p >= 0 && !flags[3].seen) port = p;
+    }
+    if (!host) host = "127.0.0.1";
+    if (eo.ctx == 0) eo.ctx = 4096;
+    char name_buf[256];
+    if (!name) {
+        base_name(model, name_buf, sizeof name_buf);
+        name = name_buf;
+    }
+
+    /* SIGINT/SIGTERM are taken by sigwait below; block them before any thread exists. */
+    sigset_t sigs, old;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, &old);
+    signal(SIGPIPE, SIG_IGN); /* a vanished client must not kill the server */
+
+    cn_backend *b = NULL;
+    cn_model *m = NULL;
+    cn_engine *e = NULL;
+    cn_text *t = NULL;
+    cn_server *srv = NULL;
+    cn_err err;
+    cn_err_clear(&err);
+    int status = 1;
+    if (cn_cli_open_model(model, threads, ubatch, &b, &m)) goto done;
+    const cn_config *c = cn_model_config(m);
+    if ((rc = cn_text_open(&t, model, c->model_type, &err))) {
+        fprintf(stderr, "cairn: %s\n", err.msg);
+        goto done;
+    }
+    if ((rc = cn_engine_open(&e, m, &eo, &err))) {
+        fprintf(stderr, "cairn: %s\n", err.msg);
+        goto done;
+    }
+    cn_model_stats st;
+    cn_model_stats_get(m, &st);
+    uint64_t bytes = 0, most = 0;
+    int qd = 0;
+    for (int i = 0; i < CN_DTYPE_COUNT; i++) {
+        bytes += st.bytes[i];
+        if (st.bytes[i] > most) most = st.bytes[i], qd = i;
+    }
+    char cfg[1200];
+    snprintf(cfg, sizeof cfg, "%s/config.json", model);
+    struct stat sb;
+    cn_model_card card = {
+        .name = name,
+        .family = c->model_type,
+        .size_bytes = bytes,
+        .params = st.params,
+        .quantization = cn_dtype_name((cn_dtype)qd),
+        .modified = stat(cfg, &sb) == 0 ? (int64_t)sb.st_mtime : 0,
+        .ctx = eo.ctx,
+        .max_ctx = c->max_position_embeddings,
+    };
+    const char *canned = getenv("CAIRN_TEST_CANNED_OUTPUT");
+    if (canned && *canned)
+        fprintf(stderr, "cairn: CAIRN_TEST_CANNED_OUTPUT is set: every answer is that canned text "
+                        "(for tests only)\n");
+    else
+        canned = NULL;
+    cn_server_opts so = {
+        .host = host,
+        .port = port,
+        .api_key = api_key,
+        .max_body = (size_t)max_body,
+        .max_queue = max_queue,
+        .finish_cancelled_s = finish_cancelled,
+        .keepalive_s = keepalive,
+        .test_canned_output = canned,
+    };
+    if ((rc = cn_server_open(&srv, &so, e, t, &card, &err))) {
+        fprintf(stderr, "cairn: %s\n", err.msg);
+        goto done;
+    }
+    fprintf(stderr, "cairn: serving %s on http://%s%s%s:%d\n", name, strchr(host, ':') ? "[" : "",
+            host, strchr(host, ':') ? "]" : "", cn_server_port(srv));
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    fprintf(stderr, "cairn: %s, shutting down\n", sig == SIGINT ? "interrupted" : "terminated");
+    status = 0;
+done:
+    cn_server_close(srv);
+    cn_engine_close(e);
+    cn_text_close(t);
+    if (m) cn_cli_close_model(b, m);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return status;
+}

@@ -1,0 +1,127 @@
+/* job.h - one HTTP request's generation: what to run, its state, and the bytes it streams back.
+ *
+ * A handler builds a job (cn_job_new), fills its spec, and enqueues it; the engine worker runs it
+ * (worker.h); the connection drains its channel. Neither side frees it: the last cn_job_unref does.
+ *
+ *     QUEUED --[worker picks it, client still there]--> PREFILL   [cn_engine_generate]
+ *     QUEUED --[worker picks it, client gone]---------> CANCELED  (never runs)
+ *     PREFILL --[prompt absorbed]--> DECODE            (on_token: first token)
+ *     PREFILL/DECODE --[engine returns]--> DONE        (final frame written, channel closed)
+ *     PREFILL/DECODE --[cancel poll true]--> CANCELED  (cache closed by the engine)
+ *
+ * Guarantees, by state:
+ *   QUEUED    the spec is complete and immutable; nothing has touched the engine.
+ *   PREFILL   progress frames may be written; no text yet.
+ *   DECODE    every generated token has gone through detok -> stop strings -> parser -> frames.
+ *   DONE      the channel holds the final frame (or an error frame) and is closed.
+ *   CANCELED  the channel is closed; whatever the prefill absorbed stays in the prefix cache.
+ *
+ * Text flows one way: token ids -> bytes (the tokenizer's streaming decoder) -> stop-string
+ * matcher (holds back a possible partial stop) -> reasoning/tool-call parser (chat endpoints) ->
+ * events -> the API's frames. Every piece of text is accumulated too, so a non-streaming response
+ * is the same text the streaming one sends, by construction.
+ */
+#ifndef CN_JOB_H
+#define CN_JOB_H
+
+#include <pthread.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "engine/engine.h"
+#include "server/chan.h"
+#include "server/stopseq.h"
+#include "server/text.h"
+#include "text/parser.h"
+
+typedef enum cn_api {
+    CN_API_OLLAMA_CHAT,
+    CN_API_OLLAMA_GENERATE,
+    CN_API_OPENAI_CHAT,
+    CN_API_OPENAI_COMPLETIONS,
+} cn_api;
+
+typedef enum cn_job_state {
+    CN_JOB_QUEUED,
+    CN_JOB_PREFILL,
+    CN_JOB_DECODE,
+    CN_JOB_DONE,
+    CN_JOB_CANCELED,
+} cn_job_state;
+
+typedef struct cn_tool_call_out {
+    char *id;        /* "call_..." */
+    char *name;
+    char *arguments; /* compact JSON object text */
+} cn_tool_call_out;
+
+typedef struct cn_job {
+    /* spec: written by the handler before enqueue, read-only afterwards */
+    cn_api api;
+    int stream;        /* 1: frames as text arrives; 0: one JSON body at the end */
+    int include_usage; /* OpenAI stream_options.include_usage */
+    char *model;       /* served name, echoed in every frame */
+    char id[48];       /* "chatcmpl-…" / "cmpl-…" */
+    int64_t created;   /* unix seconds at arrival */
+    double t_arrival;  /* monotonic ms at arrival, for total_duration */
+    int32_t *prompt;   /* [n_prompt] token ids */
+    int n_prompt;
+    int max_tokens;
+    int ignore_eos; /* OpenAI extension (vLLM): generate max_tokens whatever the model says */
+    cn_sampler_params sampling;
+    cn_stopseq stops;
+    int parse;      /* 1: run the reasoning/tool-call parser (chat endpoints) */
+    int thinking;   /* parse: the prompt opened <think> */
+    cJSON *tools;   /* parse: OpenAI tools array, owned; NULL if none */
+    const cn_text *text; /* tokenizer for decoding; not owned, outlives every job */
+    const char *canned;  /* TESTS ONLY (CAIRN_TEST_CANNED_OUTPUT): text that replaces the decoded
+                          * output, a few bytes per generated token; not owned */
+
+    /* shared between the worker and the connection, under mu */
+    pthread_mutex_t mu;
+    int refs;
+    cn_job_state state;
+    double gone_at; /* monotonic ms the client left, 0 while connected */
+    cn_chan chan;   /* response bytes; has its own lock */
+
+    /* worker-private while running */
+    cn_detok detok;
+    cn_parser parser;
+    int parser_ready;
+    char *content, *thinking_text; /* accumulated text, NUL-terminated */
+    size_t content_len, content_cap, thinking_len, thinking_cap;
+    cn_tool_call_out *calls;
+    int n_calls;
+    size_t canned_pos; /* bytes of canned already handed out */
+    int sent_role;   /* OpenAI chat stream: the role delta went out */
+    int stopped;     /* a stop string matched */
+    int failed;      /* out of memory or a write error while building frames */
+    cn_result res;
+} cn_job;
+
+/* A job with refs = 1, state QUEUED, an open channel and zeroed spec. Returns NULL without memory. */
+cn_job *cn_job_new(void);
+void cn_job_ref(cn_job *j);
+/* Drops a reference; the last one frees the job and everything it owns. */
+void cn_job_unref(cn_job *j);
+
+cn_job_state cn_job_get_state(cn_job *j);
+void cn_job_set_state(cn_job *j, cn_job_state s);
+/* The connection calls this when its client went away (or the response was torn down). */
+void cn_job_abandon(cn_job *j);
+/* Monotonic ms the client left, or 0. */
+double cn_job_gone_at(cn_job *j);
+
+/* Runs the job on e (worker thread only). cancel/ctx are the worker's policy, polled between
+ * forwards. Writes every frame, closes the channel and sets the final state; returns the
+ * engine's code. */
+int cn_job_run(cn_job *j, cn_engine *e, cn_cancel_fn cancel, void *cancel_ctx);
+
+/* Accumulated text and calls, for the API's final frame. */
+const char *cn_job_content(const cn_job *j);
+const char *cn_job_thinking(const cn_job *j);
+
+double cn_now_ms(void);
+
+#endif

@@ -1,0 +1,71 @@
+/* request.h - the request side of each HTTP dialect: a JSON body in, a ready job or a refusal out.
+ *
+ * Every builder validates the whole body before it returns a job, so a refused request has
+ * changed nothing: no job, no engine call, no cache entry. A refusal carries the HTTP status and
+ * a message that names the field (and for a prompt past the context, both numbers). Builders run
+ * on connection threads, any number at once; they read env and never write it.
+ */
+#ifndef CN_REQUEST_H
+#define CN_REQUEST_H
+
+#include <stddef.h>
+
+#include <cjson/cJSON.h>
+
+#include "server/job.h"
+#include "server/text.h"
+
+typedef struct cn_api_env {
+    const char *model_name; /* served name */
+    const cn_text *text;
+    int ctx;                /* the engine's context, tokens */
+    const char *canned;     /* TESTS ONLY: see cn_server_opts.test_canned_output */
+} cn_api_env;
+
+typedef struct cn_refusal {
+    int status;          /* 400, 404, 500, ... */
+    const char *type;    /* OpenAI error type: "invalid_request_error", ... */
+    const char *param;   /* OpenAI param naming the field, or NULL */
+    const char *code;    /* OpenAI code ("model_not_found", ...) or NULL */
+    char msg[512];
+} cn_refusal;
+
+/* Each returns 0 with *out a QUEUED job (caller owns one reference), or a negative code with r
+ * filled and *out NULL. */
+int cn_ollama_chat_request(const cn_api_env *env, const char *body, size_t len, cn_job **out,
+                           cn_refusal *r);
+int cn_ollama_generate_request(const cn_api_env *env, const char *body, size_t len, cn_job **out,
+                               cn_refusal *r);
+int cn_openai_chat_request(const cn_api_env *env, const char *body, size_t len, cn_job **out,
+                           cn_refusal *r);
+int cn_openai_completions_request(const cn_api_env *env, const char *body, size_t len,
+                                  cn_job **out, cn_refusal *r);
+
+/* ---- shared by the builders (request.c) ---- */
+
+/* Fills r and returns CN_EINVAL (status 400 unless given). */
+int cn_refuse(cn_refusal *r, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+/* Parses body as a JSON object; refuses invalid UTF-8 and invalid JSON. Caller deletes *root. */
+int cn_req_parse_json(const char *body, size_t len, cJSON **root, cn_refusal *r);
+/* Checks the "model" member against the served name ("NAME" or "NAME:latest"); 400 when absent or
+ * not a string, 404 when another model. */
+int cn_req_check_model(const cn_api_env *env, const cJSON *root, cn_refusal *r);
+/* Tokenizes prompt text into j->prompt, checks it fits (400 naming both numbers), and clamps
+ * j->max_tokens (negative: as many as fit) to the room left. */
+int cn_req_set_prompt(const cn_api_env *env, cn_job *j, const char *text, size_t n,
+                      cn_refusal *r);
+/* Renders a parsed chat into the job's prompt (then as cn_req_set_prompt); turns the parser on
+ * with the chat's thinking mode and a copy of its tools. */
+struct cn_chat;
+int cn_req_render_chat(const cn_api_env *env, cn_job *j, const struct cn_chat *chat,
+                       cn_refusal *r);
+/* Reads a number member: absent/null leaves *v; a non-number or outside [lo, hi] refuses. */
+int cn_req_number(const cJSON *o, const char *key, double lo, double hi, double *v,
+                  cn_refusal *r);
+/* Adds stop strings from a string or an array of strings (at most max); refuses other types. */
+int cn_req_stops(cn_job *j, const cJSON *stop, const char *param, int max, cn_refusal *r);
+/* A fresh job with model name, id (prefix + random hex) and a random seed. NULL: out of memory. */
+cn_job *cn_req_new_job(const cn_api_env *env, cn_api api, const char *id_prefix);
+
+#endif

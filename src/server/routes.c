@@ -1,0 +1,146 @@
+/* routes.c - what each path does: the read-only endpoints answer at once, the generating ones
+ * build a job and queue it. See server_impl.h. */
+#include <stdio.h>
+#include <string.h>
+
+#include "server/info.h"
+#include "server/server_impl.h"
+
+cJSON *cn_route_error(const char *url, int status, const char *msg, const char *param,
+                      const char *code) {
+    cJSON *o = cJSON_CreateObject();
+    if (strncmp(url, "/v1/", 4)) {
+        cJSON_AddStringToObject(o, "error", msg);
+        return o;
+    }
+    cJSON *e = cJSON_AddObjectToObject(o, "error");
+    cJSON_AddStringToObject(e, "message", msg);
+    cJSON_AddStringToObject(e, "type", status == 401   ? "authentication_error"
+                                       : status >= 500 ? "server_error"
+                                                       : "invalid_request_error");
+    if (param) cJSON_AddStringToObject(e, "param", param);
+    else cJSON_AddNullToObject(e, "param");
+    if (code) cJSON_AddStringToObject(e, "code", code);
+    else cJSON_AddNullToObject(e, "code");
+    return o;
+}
+
+static void answer(cn_route_answer *a, int status, cJSON *body) {
+    a->status = status;
+    a->body = body;
+}
+
+typedef int (*build_fn)(const cn_api_env *env, const char *body, size_t len, cn_job **out,
+                        cn_refusal *r);
+
+static void generate(cn_server *s, const char *url, build_fn build, const char *body, size_t len,
+                     cn_route_answer *a) {
+    cn_refusal r = {0};
+    cn_job *j = NULL;
+    if (build(&s->env, body, len, &j, &r)) {
+        answer(a, r.status, cn_route_error(url, r.status, r.msg, r.param, r.code));
+        return;
+    }
+    int pos = 0;
+    int rc = cn_worker_push(&s->worker, j, &pos);
+    if (rc) {
+        cn_job_unref(j);
+        char msg[160];
+        snprintf(msg, sizeof msg, rc == CN_EBUSY ? "server busy: %d requests are waiting; retry later"
+                                                 : "server is shutting down",
+                 s->o.max_queue);
+        answer(a, 503, cn_route_error(url, 503, msg, NULL, NULL));
+        a->retry_after = 5;
+        return;
+    }
+    a->job = j;
+    a->status = 200;
+}
+
+void cn_route(cn_server *s, const char *method, const char *url, const char *body, size_t len,
+              cn_route_answer *a) {
+    memset(a, 0, sizeof *a);
+    int get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
+    struct {
+        const char *path;
+        int post;
+        build_fn build;
+    } gen[] = {
+        {"/api/chat", 1, cn_ollama_chat_request},
+        {"/api/generate", 1, cn_ollama_generate_request},
+        {"/v1/chat/completions", 1, cn_openai_chat_request},
+        {"/v1/completions", 1, cn_openai_completions_request},
+    };
+    for (size_t i = 0; i < sizeof gen / sizeof gen[0]; i++)
+        if (!strcmp(url, gen[i].path)) {
+            if (!post) break;
+            generate(s, url, gen[i].build, body, len, a);
+            return;
+        }
+    if (get && !strcmp(url, "/")) {
+        answer(a, 200, cJSON_CreateString("cairn is running"));
+        return;
+    }
+    if (get && !strcmp(url, "/api/version")) {
+        answer(a, 200, cn_info_version());
+        return;
+    }
+    if (get && !strcmp(url, "/api/tags")) {
+        answer(a, 200, cn_info_tags(&s->card));
+        return;
+    }
+    if (get && !strcmp(url, "/api/ps"))
+        {
+        answer(a, 200, cn_info_ps(&s->card, cn_worker_busy(&s->worker),
+                                         cn_worker_waiting(&s->worker)));
+        return;
+    }
+    if (get && !strcmp(url, "/v1/models")) {
+        answer(a, 200, cn_info_models(&s->card));
+        return;
+    }
+    if (get && !strncmp(url, "/v1/models/", 11)) {
+        if (!strcmp(url + 11, s->card.name)) {
+        answer(a, 200, cn_info_model(&s->card));
+        return;
+    }
+        char msg[300];
+        snprintf(msg, sizeof msg, "The model '%.200s' does not exist", url + 11);
+        {
+        answer(a, 404, cn_route_error(url, 404, msg, "model", "model_not_found"));
+        return;
+    }
+    }
+    if (post && !strcmp(url, "/api/show")) {
+        cn_refusal r = {0};
+        cJSON *root;
+        if (cn_req_parse_json(body, len, &root, &r)) {
+            answer(a, r.status, cn_route_error(url, r.status, r.msg, r.param, r.code));
+            return;
+        }
+        /* Ollama's clients send "model" (older ones "name") */
+        if (!cJSON_GetObjectItemCaseSensitive(root, "model") &&
+            cJSON_IsString(cJSON_GetObjectItemCaseSensitive(root, "name")))
+            cJSON_AddItemToObject(root, "model",
+                                  cJSON_CreateString(cJSON_GetObjectItem(root, "name")->valuestring));
+        int rc = cn_req_check_model(&s->env, root, &r);
+        cJSON_Delete(root);
+        if (rc) answer(a, r.status, cn_route_error(url, r.status, r.msg, r.param, r.code));
+        else answer(a, 200, cn_info_show(&s->card));
+        return;
+    }
+    int known = 0;
+    const char *paths[] = {"/", "/api/version", "/api/tags", "/api/ps", "/v1/models", "/api/show",
+                           "/api/chat", "/api/generate", "/v1/chat/completions", "/v1/completions"};
+    for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) known |= !strcmp(url, paths[i]);
+    char msg[300];
+    if (known) {
+        snprintf(msg, sizeof msg, "method %s not allowed on %.200s", method, url);
+        {
+        answer(a, 405, cn_route_error(url, 405, msg, NULL, NULL));
+        return;
+    }
+    }
+    snprintf(msg, sizeof msg, "no such endpoint: %s %.200s", method, url);
+    answer(a, 404, cn_route_error(url, 404, msg, NULL, NULL));
+}

@@ -1,0 +1,52 @@
+/* text.h - the server's view of the text layer: one model's tokenizer and chat renderer, and a
+ * per-request streaming decoder.
+ *
+ * Opened once at startup from the model directory and shared read-only by every connection
+ * thread (encoding) and the engine worker (decoding). This file only adapts the text layer
+ * (src/text/) to what the handlers need; it never renders or tokenizes by itself.
+ * Invariants:
+ *   (1) cn_text_encode is safe from any number of threads at once.
+ *   (2) A cn_detok turns a token stream into exactly the bytes the tokenizer's decode of the whole
+ *       stream gives, handing out only complete UTF-8 characters (an incomplete tail is held).
+ */
+#ifndef CN_SERVER_TEXT_H
+#define CN_SERVER_TEXT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "base/error.h"
+#include "text/render.h"
+
+typedef struct cn_text cn_text; /* layout: text.c */
+
+/* Loads dir/tokenizer.json and picks the renderer for the config's model_type. Returns 0, or a
+ * CN_E code with err naming the file or the missing piece. */
+int cn_text_open(cn_text **out, const char *dir, const char *model_type, cn_err *err);
+/* The same from a tokenizer.json's text (tests, the fuzzer). */
+int cn_text_open_json(cn_text **out, const char *tok_json, size_t len, const char *model_type,
+                      cn_err *err);
+void cn_text_close(cn_text *t);
+
+const cn_renderer *cn_text_renderer(const cn_text *t);
+
+/* Tokenizes s[0, n) as a prompt (special tokens in the text are recognized, as the chat template
+ * writes them; no BOS is added: the template has its own). *ids is malloc'd (caller frees).
+ * Returns 0, CN_ENOMEM, or CN_EFORMAT for invalid UTF-8. */
+int cn_text_encode(const cn_text *t, const char *s, size_t n, int32_t **ids, int *n_ids,
+                   cn_err *err);
+
+typedef struct cn_detok {
+    const cn_text *t;
+    void *impl; /* the tokenizer's cn_tok_stream */
+} cn_detok;
+
+int cn_detok_init(cn_detok *d, const cn_text *t);
+/* Decodes one more token; *out and *n receive the bytes now complete (valid until the next call).
+ * Returns 0 or CN_ENOMEM / CN_EINVAL (id outside the vocabulary). */
+int cn_detok_push(cn_detok *d, int32_t id, const char **out, size_t *n);
+/* Whatever is still held (an incomplete character at the very end), at the end of the stream. */
+void cn_detok_flush(cn_detok *d, const char **out, size_t *n);
+void cn_detok_free(cn_detok *d);
+
+#endif

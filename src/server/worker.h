@@ -1,0 +1,54 @@
+/* worker.h - the request queue and the one engine thread that drains it in arrival order.
+ *
+ * The engine serves one request at a time; every HTTP connection hands its job here and waits on
+ * the job's channel. It promises:
+ *   (1) Jobs run in the order they were pushed, one at a time, each exactly once.
+ *   (2) At most max_queue jobs wait (the running one not counted); a push beyond that fails with
+ *       CN_EBUSY and the job is untouched (the handler answers 503).
+ *   (3) A job whose client left while it waited is dropped without touching the engine.
+ *   (4) Cancel policy of a running job whose client left: during decode, at once; during prefill,
+ *       it keeps absorbing the prompt into the prefix cache while no other job waits and for at
+ *       most finish_cancelled_s seconds after the client left (0: at once), so a retry finds the
+ *       prompt done; a retry that arrives meanwhile makes it stop at its next chunk boundary and
+ *       then resumes from exactly there.
+ *   (5) cn_worker_stop cancels the running job, drops the waiting ones (their clients get an
+ *       error frame) and joins the thread; no job is left referenced.
+ * It never parses, never formats and never touches a socket.
+ */
+#ifndef CN_WORKER_H
+#define CN_WORKER_H
+
+#include <pthread.h>
+
+#include "engine/engine.h"
+#include "server/job.h"
+
+typedef struct cn_worker {
+    cn_engine *engine; /* not owned */
+    int max_queue;
+    double finish_cancelled_s;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    cn_job **q;      /* ring of waiting jobs, [max_queue] */
+    int head, count;
+    cn_job *running; /* referenced while it runs */
+    int stopping;
+    pthread_t thread;
+    int started;
+    long completed;  /* jobs finished (any way), for /api/ps and tests */
+} cn_worker;
+
+/* Starts the thread. Returns 0, CN_ENOMEM, or CN_EINVAL (max_queue < 1). */
+int cn_worker_start(cn_worker *w, cn_engine *e, int max_queue, double finish_cancelled_s);
+void cn_worker_stop(cn_worker *w);
+
+/* Queues j (takes a reference of its own on success). Returns 0, CN_EBUSY (queue full) or
+ * CN_ECANCELED (stopping). *position: jobs ahead of it, the running one included. */
+int cn_worker_push(cn_worker *w, cn_job *j, int *position);
+
+/* Jobs waiting (not the running one). */
+int cn_worker_waiting(cn_worker *w);
+/* 1 while a job runs. */
+int cn_worker_busy(cn_worker *w);
+
+#endif

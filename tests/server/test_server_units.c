@@ -1,0 +1,184 @@
+/* test_server_units.c - the server's pieces without HTTP: the stop-string matcher under every
+ * cut, the channel's order and end, and the request builders' refusals and jobs over the
+ * synthetic tokenizer (nothing queued, nothing run). */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/synth.h"
+#include "server/chan.h"
+#include "server/request.h"
+#include "server/stopseq.h"
+
+/* Feeds text cut at every pair of positions; the output must be the text before the first stop. */
+static void check_stops(const char *text, const char *const *stops, int n_stops, const char *want,
+                        int want_match) {
+    size_t n = strlen(text);
+    for (size_t a = 0; a <= n; a++)
+        for (size_t b = a; b <= n; b++) {
+            cn_stopseq m;
+            memset(&m, 0, sizeof m);
+            for (int i = 0; i < n_stops; i++) assert_int_equal(cn_stopseq_add(&m, stops[i]), 0);
+            char got[256] = "";
+            size_t gl = 0;
+            size_t cuts[4] = {0, a, b, n};
+            int matched = 0;
+            for (int k = 0; k < 3 && !matched; k++) {
+                const char *o;
+                size_t ol;
+                int rc = cn_stopseq_feed(&m, text + cuts[k], cuts[k + 1] - cuts[k], &o, &ol);
+                assert_true(rc >= 0);
+                memcpy(got + gl, o, ol);
+                gl += ol;
+                matched = rc == 1;
+            }
+            if (!matched) {
+                const char *o;
+                size_t ol;
+                cn_stopseq_flush(&m, &o, &ol);
+                memcpy(got + gl, o, ol);
+                gl += ol;
+            }
+            got[gl] = '\0';
+            assert_string_equal(got, want);
+            assert_int_equal(matched, want_match);
+            cn_stopseq_free(&m);
+        }
+}
+
+static void test_stopseq(void **st) {
+    (void)st;
+    const char *s1[] = {"STOP"};
+    check_stops("hello STOP world", s1, 1, "hello ", 1);
+    check_stops("hello STO", s1, 1, "hello STO", 0);
+    const char *s2[] = {"ab", "xyz", "bc"};
+    check_stops("zzxyabc", s2, 3, "zzxy", 1);
+    check_stops("xxyz", s2, 3, "x", 1);
+    const char *none[] = {""};
+    check_stops("plain", none, 1, "plain", 0);
+}
+
+static void test_chan(void **st) {
+    (void)st;
+    cn_chan c;
+    assert_int_equal(cn_chan_init(&c), 0);
+    char buf[8];
+    assert_int_equal(cn_chan_read(&c, buf, sizeof buf, 10), 0); /* timeout, nothing */
+    assert_int_equal(cn_chan_puts(&c, "hello "), 0);
+    assert_int_equal(cn_chan_puts(&c, "world"), 0);
+    cn_chan_close(&c);
+    assert_int_equal(cn_chan_puts(&c, "late"), CN_EINVAL);
+    char all[32] = "";
+    long n;
+    size_t at = 0;
+    while ((n = cn_chan_read(&c, buf, 4, 10)) > 0) {
+        memcpy(all + at, buf, (size_t)n);
+        at += (size_t)n;
+    }
+    assert_int_equal(n, -1);
+    all[at] = '\0';
+    assert_string_equal(all, "hello world");
+    cn_chan_free(&c);
+    assert_int_equal(cn_chan_init(&c), 0);
+    cn_chan_abandon(&c);
+    assert_int_equal(cn_chan_puts(&c, "x"), CN_ECANCELED);
+    assert_int_equal(cn_chan_read(&c, buf, sizeof buf, 10), -1);
+    cn_chan_free(&c);
+}
+
+static cn_text *g_text;
+
+static int setup(void **st) {
+    (void)st;
+    char *json = NULL;
+    cn_err err;
+    if (cn_synth_tokenizer_json(1024, &json, &err)) return -1;
+    int rc = cn_text_open_json(&g_text, json, strlen(json), "nemotron_h", &err);
+    free(json);
+    return rc;
+}
+
+static int teardown(void **st) {
+    (void)st;
+    cn_text_close(g_text);
+    return 0;
+}
+
+typedef int (*build_fn)(const cn_api_env *, const char *, size_t, cn_job **, cn_refusal *);
+
+/* Builds body with fn; returns the status (200 for a job) and frees the job. */
+static int status_of(build_fn fn, const char *body, const char *want_msg) {
+    cn_api_env env = {.model_name = "tiny", .text = g_text, .ctx = 256};
+    cn_job *j = NULL;
+    cn_refusal r;
+    memset(&r, 0, sizeof r);
+    int rc = fn(&env, body, strlen(body), &j, &r);
+    if (!rc) {
+        assert_non_null(j);
+        assert_true(j->n_prompt > 0 && j->max_tokens > 0 && j->n_prompt + j->max_tokens <= 256);
+        cn_job_unref(j);
+        return 200;
+    }
+    assert_null(j);
+    if (want_msg && !strstr(r.msg, want_msg)) fail_msg("'%s' lacks '%s'", r.msg, want_msg);
+    return r.status;
+}
+
+static void test_builders(void **st) {
+    (void)st;
+    const char *msgs = "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]";
+    char b[512];
+    snprintf(b, sizeof b, "{\"model\":\"tiny\",%s}", msgs);
+    assert_int_equal(status_of(cn_ollama_chat_request, b, NULL), 200);
+    assert_int_equal(status_of(cn_openai_chat_request, b, NULL), 200);
+    snprintf(b, sizeof b, "{\"model\":\"tiny:latest\",%s,\"options\":{\"num_predict\":5,\"stop\":[\"a\"]}}", msgs);
+    assert_int_equal(status_of(cn_ollama_chat_request, b, NULL), 200);
+    assert_int_equal(status_of(cn_ollama_generate_request, "{\"model\":\"tiny\",\"prompt\":\"x\"}", NULL), 200);
+    assert_int_equal(status_of(cn_openai_completions_request, "{\"model\":\"tiny\",\"prompt\":[\"x\"]}", NULL), 200);
+    /* refusals */
+    assert_int_equal(status_of(cn_ollama_chat_request, "{", "not valid JSON"), 400);
+    assert_int_equal(status_of(cn_ollama_chat_request, "\"x\"", "JSON object"), 400);
+    assert_int_equal(status_of(cn_ollama_chat_request, "{} {}", "after the JSON"), 400);
+    assert_int_equal(status_of(cn_ollama_chat_request, "{\"messages\":[]}", "model is required"), 400);
+    snprintf(b, sizeof b, "{\"model\":\"other\",%s}", msgs);
+    assert_int_equal(status_of(cn_openai_chat_request, b, "not found"), 404);
+    assert_int_equal(status_of(cn_ollama_chat_request, "{\"model\":\"tiny\",\"messages\":7}", NULL), 400);
+    snprintf(b, sizeof b, "{\"model\":\"tiny\",%s,\"options\":{\"top_p\":2}}", msgs);
+    assert_int_equal(status_of(cn_ollama_chat_request, b, "top_p"), 400);
+    snprintf(b, sizeof b, "{\"model\":\"tiny\",%s,\"stop\":[1]}", msgs);
+    assert_int_equal(status_of(cn_openai_chat_request, b, "stop"), 400);
+    snprintf(b, sizeof b, "{\"model\":\"tiny\",%s,\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\"]}", msgs);
+    assert_int_equal(status_of(cn_openai_chat_request, b, "at most 4"), 400);
+    snprintf(b, sizeof b, "{\"model\":\"tiny\",%s,\"logprobs\":true}", msgs);
+    assert_int_equal(status_of(cn_openai_chat_request, b, "logprobs"), 400);
+    snprintf(b, sizeof b, "{\"model\":\"tiny\",%s,\"response_format\":{\"type\":\"json_object\"}}", msgs);
+    assert_int_equal(status_of(cn_openai_chat_request, b, "response_format"), 400);
+    assert_int_equal(status_of(cn_openai_completions_request, "{\"model\":\"tiny\",\"prompt\":\"x\",\"echo\":true}", "echo"), 400);
+    assert_int_equal(status_of(cn_ollama_generate_request, "{\"model\":\"tiny\",\"prompt\":\"x\",\"images\":[\"AA==\"]}", "images"), 400);
+    assert_int_equal(status_of(cn_ollama_generate_request, "{\"model\":\"tiny\",\"prompt\":\"x\",\"raw\":true,\"system\":\"s\"}", "raw"), 400);
+    assert_int_equal(status_of(cn_ollama_generate_request, "{\"model\":\"tiny\",\"prompt\":\"\",\"raw\":true}", "empty"), 400);
+    /* past the context: both numbers named */
+    char *big = malloc(8192);
+    strcpy(big, "{\"model\":\"tiny\",\"prompt\":\"");
+    for (int i = 0; i < 600; i++) strcat(big, "zq ");
+    strcat(big, "\"}");
+    assert_int_equal(status_of(cn_openai_completions_request, big, "past the context of 256 tokens"), 400);
+    free(big);
+    const char bad_utf8[] = "{\"model\":\"tiny\",\"prompt\":\"\xC3\x28\"}";
+    assert_int_equal(status_of(cn_ollama_generate_request, bad_utf8, "UTF-8"), 400);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_stopseq),
+        cmocka_unit_test(test_chan),
+        cmocka_unit_test(test_builders),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
