@@ -507,7 +507,7 @@ int cn_pc_begin(cn_prefix_cache *pc, cn_pc_session *sess, const cn_key *keys, in
     memcpy(pc->live_keys, keys, (size_t)t * sizeof *keys);
     sess->matched = matched;
     sess->restored = t;
-    cn_info("cache: %s: %d keys, %d matched, restored to %d", t ? "hit" : "miss", n, matched, t);
+    cn_debug("cache: %s: %d keys, %d matched, restored to %d", t ? "hit" : "miss", n, matched, t);
 
     /* Restore points this prefill will cross. */
     if (t < matched) rc = sched_add(sess, matched, 0);                 /* the branch point */

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "base/log.h"
 #include "cli/cli.h"
 #include "cli/cli_util.h"
 #include "cli/flags.h"
@@ -80,6 +81,8 @@ int cn_cmd_serve(int argc, char **argv) {
                       "[--finish-cancelled SECONDS]";
     int rc = cn_flags_parse(flags, argc, argv, syn);
     if (rc) return rc > 0 ? 0 : 2;
+    /* A server logs one line per request unless CAIRN_LOG says otherwise. */
+    if (!getenv("CAIRN_LOG")) cn_log_set_level(CN_LOG_INFO);
     eo.cache_dir = cache_dir;
     if (eo.disk_budget && !cache_dir) {
         fprintf(stderr, "cairn: --cache-disk needs --cache-dir\n");

@@ -183,7 +183,7 @@ close:
         int crc = cn_pc_close(&e->pc, &sess);
         if (!rc) rc = crc;
     }
-    cn_log(CN_LOG_INFO, "request: %d tokens, %d matched, %d restored, %d evaluated, %d generated%s",
+    cn_log(CN_LOG_INFO, "request: %d tokens, %d matched, %d restored from cache, %d evaluated, %d generated%s",
            n, res->matched_tokens, res->cached_tokens, res->prompt_eval_count, res->eval_count,
            rc == CN_ECANCELED ? " (canceled)" : "");
 out:
