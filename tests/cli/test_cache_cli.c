@@ -167,7 +167,7 @@ static int interrupt_run(const char *model, const char *ids, const char *cache, 
     assert_true(pid >= 0);
     if (pid == 0) {
         if (!freopen(out, "w", stdout) || !freopen(err, "w", stderr)) _exit(99);
-        setenv("CAIRN_LOG", "info", 1);
+        setenv("CAIRN_LOG", "debug", 1); /* the cache logs its lookup at debug level */
         execl(bin(), "cairn", "generate", "--model", model, "--tokens", tokens, "--max-tokens", "0",
               "--chunk", "1", "--threads", "1", "--json", "--cache-dir", cache, (char *)NULL);
         _exit(98);
