@@ -18,5 +18,6 @@ int cn_cmd_generate(int argc, char **argv);   /* cmd_generate.c */
 int cn_cmd_logits(int argc, char **argv);     /* cmd_logits.c */
 int cn_cmd_make_model(int argc, char **argv); /* cmd_make_model.c */
 int cn_cmd_info(int argc, char **argv);       /* cmd_info.c */
+int cn_bench_cache(int argc, char **argv);    /* bench_cache.c: `cairn bench cache` (argv[0] "cache") */
 
 #endif
