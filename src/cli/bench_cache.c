@@ -231,6 +231,7 @@ typedef struct bench_opts {
     int chunk;             /* prompt tokens per forward (0: the engine's) */
     int threads;           /* 0: all cores */
     int max_tokens;        /* generated per request (greedy) */
+    int repeat;            /* timed runs of pattern 1 */
     uint64_t seed;
     int json;
 } bench_opts;
@@ -441,44 +442,72 @@ static int bench_send(bench *b, const tseq *prompt, int cancel_at, int cold, tse
 
 /* (1) A long prompt whose client gives up at 30% and retries the identical prompt. Beside the
  * cold prefill, one uninterrupted prefill with restore points on a fresh cache says what the
- * snapshots themselves cost. */
+ * snapshots themselves cost. The wall-time target makes this the one pattern timed `repeat`
+ * times, each on a fresh cache; the token counts are the first repetition's (all are equal). */
 static int pat_retry_identical(bench *b, tokgen *g) {
-    pat_result *p = b->p;
-    int N = b->o.prompt_tokens, rc;
+    pat_result *p = b->p, rep;
+    int N = b->o.prompt_tokens, rc = CN_OK, stopped = 0;
+    double lo = 0, hi = 0;
     tseq P = {0};
     tg_preamble(g, &P);
     tg_history(g, &P, N - 2);
     tg_gen_prompt(g, &P);
     if (P.err) return P.err;
-
-    cn_engine *fresh = NULL;
-    cn_result res;
-    if ((rc = bench_engine_open(b, b->m, &fresh, 0))) goto out;
-    rc = run_timed(fresh, &P, 0, 0, &res, &p->snap);
-    free(res.tokens);
-    cn_engine_close(fresh);
-    if (rc) goto out;
-    cost cold, cold2, attempt;
-    if ((rc = cold_prefill(b, &P, &cold))) goto out;
-    if ((rc = bench_send(b, &P, (3 * P.n + 9) / 10, 0, NULL, &attempt))) goto out;
-    int stopped = b->e->live->offset;
-    if ((rc = bench_send(b, &P, 0, 0, NULL, &p->retry))) goto out;
-    /* the unit is the mean of a cold prefill before and one after: load drifts on a shared box */
-    if ((rc = cold_prefill(b, &P, &cold2))) goto out;
-    p->cold.wall = (cold.wall + cold2.wall) / 2;
-    p->cold.cpu = (cold.cpu + cold2.cpu) / 2;
-    p->cold_tokens = P.n;
-    p->has_retry = 1;
-    double wr = p->spent.wall / p->cold.wall, cr = p->spent.cpu / p->cold.cpu;
-    p->wall_pass = wr <= 1.0 + BENCH_WALL_SLACK;
-    snprintf(p->note, sizeof p->note,
-             "gave up at %d of %d tokens; attempt + retry %.2fx cold wall (target 1.0x, %.0f%% noise "
-             "allowance: %s), %.2fx cold CPU; retry alone %.2fx wall, %.2fx CPU; an uninterrupted "
-             "prefill with restore points %.2fx wall, %.2fx CPU",
-             stopped, P.n, wr, BENCH_WALL_SLACK * 100, p->wall_pass ? "PASS" : "FAIL", cr,
-             p->retry.wall / p->cold.wall, p->retry.cpu / p->cold.cpu, p->snap.wall / p->cold.wall,
-             p->snap.cpu / p->cold.cpu);
-out:
+    for (int r = 0; !rc && r < b->o.repeat; r++) {
+        memset(&rep, 0, sizeof rep);
+        rep.id = p->id;
+        b->p = &rep;
+        if (r > 0) {
+            /* a fresh cache, and an oracle that forgets the previous repetition */
+            cn_engine_close(b->e);
+            seen_clear(b);
+            if ((rc = bench_engine_open(b, b->m, &b->e, 0))) break;
+        }
+        cn_engine *fresh = NULL;
+        cn_result res;
+        cost snap, cold, cold2, attempt, retry;
+        if ((rc = bench_engine_open(b, b->m, &fresh, 0))) break;
+        rc = run_timed(fresh, &P, 0, 0, &res, &snap);
+        free(res.tokens);
+        cn_engine_close(fresh);
+        if (rc || (rc = cold_prefill(b, &P, &cold))) break;
+        if ((rc = bench_send(b, &P, (3 * P.n + 9) / 10, 0, NULL, &attempt))) break;
+        stopped = b->e->live->offset;
+        if ((rc = bench_send(b, &P, 0, 0, NULL, &retry))) break;
+        /* the unit is the mean of a cold prefill before and one after: load drifts */
+        if ((rc = cold_prefill(b, &P, &cold2))) break;
+        cost unit = {(cold.wall + cold2.wall) / 2, (cold.cpu + cold2.cpu) / 2};
+        double wr = rep.spent.wall / unit.wall;
+        lo = r == 0 || wr < lo ? wr : lo;
+        hi = r == 0 || wr > hi ? wr : hi;
+        if (r == 0) {
+            p->requests = rep.requests;
+            p->sent = rep.sent;
+            p->evaluated = rep.evaluated;
+            p->fresh = rep.fresh;
+            p->bound = rep.bound;
+            p->max_over = rep.max_over;
+            p->failed = rep.failed;
+        }
+        cost_add(&p->spent, rep.spent);
+        cost_add(&p->cold, unit);
+        cost_add(&p->snap, snap);
+        cost_add(&p->retry, retry);
+        p->cold_tokens += P.n;
+    }
+    b->p = p;
+    if (!rc) {
+        p->has_retry = 1;
+        double wr = p->spent.wall / p->cold.wall, cr = p->spent.cpu / p->cold.cpu;
+        p->wall_pass = wr <= 1.0 + BENCH_WALL_SLACK;
+        snprintf(p->note, sizeof p->note,
+                 "gave up at %d of %d tokens; attempt + retry %.2fx cold wall (%d runs, %.2f-%.2f; "
+                 "target 1.0x, %.0f%% noise allowance: %s), %.2fx cold CPU; retry alone %.2fx wall, "
+                 "%.2fx CPU; an uninterrupted prefill with restore points %.2fx wall, %.2fx CPU",
+                 stopped, P.n, wr, b->o.repeat, lo, hi, BENCH_WALL_SLACK * 100,
+                 p->wall_pass ? "PASS" : "FAIL", cr, p->retry.wall / p->cold.wall,
+                 p->retry.cpu / p->cold.cpu, p->snap.wall / p->cold.wall, p->snap.cpu / p->cold.cpu);
+    }
     ts_free(&P);
     return rc;
 }
@@ -838,9 +867,9 @@ static void print_text(const bench *b, const pat_result *r, int n) {
     if (b->o.threads) snprintf(threads, sizeof threads, "%d", b->o.threads);
     else snprintf(threads, sizeof threads, "all cores");
     printf("cairn bench cache: %s, long context %d tokens, restore spacing %d, chunk %d, "
-           "max-tokens %d, threads %s, seed %llu\n",
+           "max-tokens %d, threads %s, seed %llu, repeat %d\n",
            b->model_dir, b->o.prompt_tokens, b->o.spacing, b->cold->o.chunk, b->o.max_tokens, threads,
-           (unsigned long long)b->o.seed);
+           (unsigned long long)b->o.seed, b->o.repeat);
     double cms = 0;
     int64_t ctok = 0;
     for (int i = 0; i < n; i++) {
@@ -897,6 +926,7 @@ static int print_json(const bench *b, const pat_result *r, int n) {
     cJSON_AddNumberToObject(root, "max_tokens", b->o.max_tokens);
     cJSON_AddNumberToObject(root, "threads", b->o.threads);
     cJSON_AddNumberToObject(root, "seed", (double)b->o.seed);
+    cJSON_AddNumberToObject(root, "repeat", b->o.repeat);
     cJSON *arr = cJSON_AddArrayToObject(root, "patterns");
     int all = 1;
     for (int i = 0; arr && i < n; i++) {
@@ -978,6 +1008,7 @@ int cn_bench_cache(int argc, char **argv) {
     b.o.prompt_tokens = 4096;
     b.o.spacing = 512;
     b.o.max_tokens = 16;
+    b.o.repeat = 3;
     const char *patterns = NULL;
     cn_flag flags[] = {
         {"model", CN_FLAG_STR, &b.o.model, "DIR", "model directory (default: models/small, else the small preset written to a temp dir)", 0, 0},
@@ -987,12 +1018,13 @@ int cn_bench_cache(int argc, char **argv) {
         {"threads", CN_FLAG_INT, &b.o.threads, "N", "CPU threads (default: all cores)", 0, 0},
         {"max-tokens", CN_FLAG_INT, &b.o.max_tokens, "N", "tokens generated per request, greedy (default 16)", 0, 0},
         {"seed", CN_FLAG_U64, &b.o.seed, "S", "token-stream seed (default 0)", 0, 0},
+        {"repeat", CN_FLAG_INT, &b.o.repeat, "N", "timed runs of pattern 1, the one with a wall-time target (default 3)", 0, 0},
         {"patterns", CN_FLAG_STR, &patterns, "LIST", "patterns to run, e.g. 1,2,7 (default: all)", 0, 0},
         {"json", CN_FLAG_BOOL, &b.o.json, NULL, "print one JSON object", 0, 0},
         {NULL, 0, NULL, NULL, NULL, 0, 0},
     };
     const char *syn = "bench cache [--model DIR] [--prompt-tokens N] [--spacing N] [--chunk N] "
-                      "[--threads N] [--max-tokens N] [--seed S] [--patterns 1,2,...] [--json]";
+                      "[--threads N] [--max-tokens N] [--seed S] [--repeat N] [--patterns 1,2,...] [--json]";
     int rc = cn_flags_parse(flags, argc, argv, syn);
     if (rc) return rc > 0 ? 0 : 2;
     int want[BENCH_N_PATTERNS + 1] = {0};
@@ -1002,9 +1034,9 @@ int cn_bench_cache(int argc, char **argv) {
         return 2;
     }
     if (b.o.prompt_tokens < 64 || b.o.spacing < 1 || b.o.chunk < 0 || b.o.threads < 0 ||
-        b.o.max_tokens < 1 || b.o.max_tokens > 1024) {
+        b.o.max_tokens < 1 || b.o.max_tokens > 1024 || b.o.repeat < 1 || b.o.repeat > 100) {
         fprintf(stderr, "cairn: --prompt-tokens must be >= 64, --spacing >= 1, --max-tokens 1-1024, "
-                        "--chunk and --threads >= 0\n");
+                        "--repeat 1-100, --chunk and --threads >= 0\n");
         return 2;
     }
 
