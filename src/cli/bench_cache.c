@@ -266,6 +266,7 @@ typedef struct pat_result {
 typedef struct bench {
     bench_opts o;
     const char *model_dir;
+    int model_is_temp;      /* the small preset, written for this run into model_dir */
     cn_backend *be;
     cn_model *m;
     int vocab, ctx;
@@ -436,6 +437,30 @@ static int bench_send(bench *b, const tseq *prompt, int cancel_at, int cold, tse
         p->cold_tokens += prompt->n;
     }
     return CN_OK;
+}
+
+typedef struct trie_count {
+    const cn_prefix_cache *pc;
+    int nodes, points;
+} trie_count;
+
+static int count_node(cn_node *n, void *ctx) {
+    trie_count *c = ctx;
+    int has = 0;
+    for (int l = 0; l < c->pc->trie.n_layers; l++)
+        has |= c->pc->kind[l] == CN_LAYER_RECURRENT && n->slots[l] != NULL;
+    c->nodes++;
+    c->points += has;
+    return 0;
+}
+
+/* What the pattern's cache holds when it ends. */
+static void cache_figures(const cn_engine *e, pat_result *p) {
+    trie_count c = {&e->pc, 0, 0};
+    cn_trie_walk(&e->pc.trie, count_node, &c);
+    p->ram_bytes = e->pc.ram_bytes;
+    p->nodes = c.nodes;
+    p->restore_points = c.points;
 }
 
 /* ---- the patterns ------------------------------------------------------------------------------- */
@@ -803,30 +828,6 @@ static const pat_def kPatterns[BENCH_N_PATTERNS] = {
 #endif
 };
 
-typedef struct trie_count {
-    const cn_prefix_cache *pc;
-    int nodes, points;
-} trie_count;
-
-static int count_node(cn_node *n, void *ctx) {
-    trie_count *c = ctx;
-    int has = 0;
-    for (int l = 0; l < c->pc->trie.n_layers; l++)
-        has |= c->pc->kind[l] == CN_LAYER_RECURRENT && n->slots[l] != NULL;
-    c->nodes++;
-    c->points += has;
-    return 0;
-}
-
-/* What the pattern's cache holds when it ends. */
-static void cache_figures(const cn_engine *e, pat_result *p) {
-    trie_count c = {&e->pc, 0, 0};
-    cn_trie_walk(&e->pc.trie, count_node, &c);
-    p->ram_bytes = e->pc.ram_bytes;
-    p->nodes = c.nodes;
-    p->restore_points = c.points;
-}
-
 static int run_pattern(bench *b, pat_result *p) {
     const pat_def *d = &kPatterns[p->id - 1];
     p->name = d->name;
@@ -866,9 +867,10 @@ static void print_text(const bench *b, const pat_result *r, int n) {
     char threads[32];
     if (b->o.threads) snprintf(threads, sizeof threads, "%d", b->o.threads);
     else snprintf(threads, sizeof threads, "all cores");
-    printf("cairn bench cache: %s, long context %d tokens, restore spacing %d, chunk %d, "
+    printf("cairn bench cache: %s%s, long context %d tokens, restore spacing %d, chunk %d, "
            "max-tokens %d, threads %s, seed %llu, repeat %d\n",
-           b->model_dir, b->o.prompt_tokens, b->o.spacing, b->cold->o.chunk, b->o.max_tokens, threads,
+           b->model_dir, b->model_is_temp ? " (the small preset, written for this run)" : "",
+           b->o.prompt_tokens, b->o.spacing, b->cold->o.chunk, b->o.max_tokens, threads,
            (unsigned long long)b->o.seed, b->o.repeat);
     double cms = 0;
     int64_t ctok = 0;
@@ -1060,6 +1062,7 @@ int cn_bench_cache(int argc, char **argv) {
             return 1;
         }
         b.model_dir = tmp_model;
+        b.model_is_temp = 1;
     }
     int status = 1;
     pat_result res[BENCH_N_PATTERNS];
