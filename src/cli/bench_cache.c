@@ -10,7 +10,8 @@
  * the cache promises, the snapshot bytes per tier when the pattern ends, and the wall time in
  * units of cold prefills of the same prompts, taken in the same run on a second engine that
  * neither restores nor captures anything (the machine is shared and noisy: ratios, not
- * absolutes).
+ * absolutes). Process CPU time is reported beside wall time because it moves far less when
+ * other jobs take the cores. Pattern 1, whose target is a wall time, is timed --repeat times.
  *
  * The bound. An oracle independent of the cache keeps what the engine absorbed in every earlier
  * request of the pattern (its prompt up to where the live caches stopped, plus the generated
@@ -35,7 +36,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <limits.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
