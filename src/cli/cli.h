@@ -20,5 +20,6 @@ int cn_cmd_make_model(int argc, char **argv); /* cmd_make_model.c */
 int cn_cmd_info(int argc, char **argv);       /* cmd_info.c */
 int cn_cmd_parse(int argc, char **argv);      /* cmd_parse.c */
 int cn_cmd_render(int argc, char **argv);     /* cmd_render.c */
+int cn_cmd_quantize(int argc, char **argv);   /* cmd_quantize.c */
 
 #endif

@@ -10,5 +10,6 @@ const cn_cli_command cn_cli_commands[] = {
     {"info", cn_cmd_info},
     {"parse", cn_cmd_parse},
     {"render", cn_cmd_render},
+    {"quantize", cn_cmd_quantize},
     {NULL, NULL},
 };

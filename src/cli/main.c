@@ -14,6 +14,7 @@ static void usage(FILE *f) {
           "  info        describe a model directory\n"
           "  parse       split generated text into thinking, content and tool calls\n"
           "  render      write the prompt of a chat request (JSON on stdin)\n"
+          "  quantize    write an NVFP4, MXFP8 or FP8 copy of a BF16/F32 checkpoint\n"
           "\n"
           "Run `cairn <command> --help` for the options of one command.\n",
           f);
