@@ -15,5 +15,6 @@ const cn_cli_command cn_cli_commands[] = {
     {"detokenize", cn_cmd_detokenize},
     {"bench", cn_cmd_bench},
     {"cache", cn_cmd_cache},
+    {"quantize", cn_cmd_quantize},
     {NULL, NULL},
 };

@@ -19,6 +19,7 @@ static void usage(FILE *f) {
           "  detokenize  token ids to text\n"
           "  bench       speed measurements (bench tokenizer)\n"
           "  cache       list the restore points a cache directory holds\n"
+          "  quantize    write an NVFP4, MXFP8 or FP8 copy of a BF16/F32 checkpoint\n"
           "\n"
           "Run `cairn <command> --help` for the options of one command.\n",
           f);

@@ -83,6 +83,8 @@ int cn_model_open(cn_model **out, const char *dir, cn_backend *b, const cn_model
     if (rc) goto fail;
     rc = cn_model_identity_of(dir, m->st, &m->identity, err);
     if (rc) goto fail;
+    rc = cn_qconfig_load_dir(&m->qc, dir, err);
+    if (rc) goto fail;
     rc = cn_model_bind_weights(m, err);
     if (rc) goto fail;
     for (int l = 0; l < m->cfg.n_layers; l++) m->n_mamba += m->cfg.layers[l] == CN_BLOCK_MAMBA;
@@ -103,6 +105,7 @@ void cn_model_close(cn_model *m) {
     free_scratch(m);
     cn_model_unbind_weights(m);
     if (m->st) cn_st_close(m->st);
+    cn_qconfig_free(&m->qc);
     cn_config_free(&m->cfg);
     free(m);
 }

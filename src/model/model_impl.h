@@ -9,6 +9,7 @@
 
 #include "model/config.h"
 #include "model/model.h"
+#include "model/quant_config.h"
 #include "model/safetensors.h"
 #include "tensor/backend.h"
 
@@ -99,6 +100,10 @@ struct cn_model {
     int n_owned;           /* small F32 tensors the model allocated on the backend */
     int cap_owned;
     cn_tensor **owned;     /* [n_owned] pointers to release at close */
+    cn_qconfig qc;         /* which format each module has (quant_config.h) */
+    int n_descs;           /* block-scale descriptors the model allocated (data in the mapping) */
+    int cap_descs;
+    cn_tensor **descs;     /* [n_descs] freed at close; weights' block_scale point at them */
     int n_mamba;           /* Mamba layers among cfg.layers */
     int d_inner, conv_dim, in_proj_dim;
     uint64_t identity;     /* cn_model_identity */

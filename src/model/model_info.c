@@ -11,12 +11,15 @@ void cn_model_stats_get(const cn_model *m, cn_model_stats *st) {
         const cn_st_tensor *t = cn_st_at(m->st, i);
         uint64_t n = 1;
         for (int d = 0; d < t->ndim; d++) n *= (uint64_t)t->shape[d];
-        if (t->dtype == CN_U8 && strstr(t->name, ".weight") && !strstr(t->name, "_scale"))
-            n *= 2; /* packed fp4 pairs */
+        if ((unsigned)t->dtype < CN_DTYPE_COUNT) st->bytes[t->dtype] += t->nbytes;
+        size_t len = strlen(t->name);
+        if ((len > 6 && !strcmp(t->name + len - 6, "_scale")) ||
+            (len > 8 && !strcmp(t->name + len - 8, "_scale_2")))
+            continue; /* quantization scales (F8, NVFP4, MXFP8) are not parameters */
+        if (t->dtype == CN_U8 && strstr(t->name, ".weight")) n *= 2; /* packed fp4 pairs */
         st->params += n;
         if (!strncmp(t->name, "mtp.", 4)) st->params_mtp += n;
         else if (strstr(t->name, ".experts.")) routed += n;
-        if ((unsigned)t->dtype < CN_DTYPE_COUNT) st->bytes[t->dtype] += t->nbytes;
     }
     uint64_t main = st->params - st->params_mtp;
     st->active_params = main - routed;

@@ -38,33 +38,144 @@ static const cn_st_tensor *need(cn_model *m, const char *name, cn_err *err) {
     return t;
 }
 
-/* A weight matrix [rows, cols] used in place. F8_E4M3 needs its per-tensor `weight_scale`. */
+/* One F32 (or BF16) scalar tensor `name`, the per-tensor scale of `of`. */
+static int read_scalar(cn_model *m, const char *name, const char *of, const char *role, float *out,
+                       cn_err *err) {
+    const cn_st_tensor *s = cn_st_find(m->st, name);
+    if (!s) return cn_err_set(err, CN_ENOTENSOR, "missing tensor %s (%s %s)", name, role, of);
+    int64_t n = 1;
+    for (int i = 0; i < s->ndim; i++) n *= s->shape[i];
+    if (n != 1 || (s->dtype != CN_F32 && s->dtype != CN_BF16))
+        return cn_err_set(err, CN_ESHAPE,
+                          "tensor %s: expected one F32 value (%s %s), found %lld of %s", name,
+                          role, of, (long long)n, cn_dtype_name(s->dtype));
+    *out = s->dtype == CN_F32 ? *(const float *)s->data : cn_bf16_to_f32(*(const uint16_t *)s->data);
+    return CN_OK;
+}
+
+/* A descriptor the model owns (freed at close); its data stays in the mapping. */
+static cn_tensor *new_desc(cn_model *m) {
+    if (m->n_descs == m->cap_descs) {
+        int cap = m->cap_descs ? 2 * m->cap_descs : 64;
+        cn_tensor **p = realloc(m->descs, (size_t)cap * sizeof *p);
+        if (!p) return NULL;
+        m->descs = p;
+        m->cap_descs = cap;
+    }
+    cn_tensor *t = calloc(1, sizeof *t);
+    if (t) m->descs[m->n_descs++] = t;
+    return t;
+}
+
+/* The block scales `name` of `of` ([rows, cols / blk], E4M3 for NVFP4, E8M0 or U8 for MXFP8),
+ * bound into a model-owned descriptor. */
+static int bind_block_scale(cn_model *m, cn_tensor *w, const char *name, const char *of,
+                            int64_t rows, int64_t cols, int64_t blk, cn_err *err) {
+    const char *fmt = blk == 16 ? "NVFP4" : "MXFP8";
+    const cn_st_tensor *s = cn_st_find(m->st, name);
+    if (!s)
+        return cn_err_set(err, CN_ENOTENSOR, "missing tensor %s (block scales of %s tensor %s)",
+                          name, fmt, of);
+    int ok_dt = blk == 16 ? (s->dtype == CN_F8_E4M3 || s->dtype == CN_U8)
+                          : (s->dtype == CN_F8_E8M0 || s->dtype == CN_U8);
+    if (!ok_dt)
+        return cn_err_set(err, CN_EDTYPE, "tensor %s: dtype %s, expected %s (block scales of %s)",
+                          name, cn_dtype_name(s->dtype), blk == 16 ? "F8_E4M3" : "U8 or F8_E8M0",
+                          of);
+    int64_t shape[2] = {rows, cols / blk};
+    int rc = check_shape(s, 2, shape, err);
+    if (rc) return rc;
+    cn_tensor *d = new_desc(m);
+    if (!d) return cn_err_set(err, CN_ENOMEM, "out of memory");
+    cn_tensor_init(d, s->dtype, 2, shape, (void *)s->data);
+    d->name = s->name;
+    if ((rc = cn_backend_weight(m->b, d)))
+        return cn_err_set(err, rc, "cannot place %s on the %s backend: %s", name,
+                          cn_backend_name(m->b), cn_strerror(rc));
+    w->block_scale = d;
+    return CN_OK;
+}
+
+static const char *fmt_of_dtype(cn_dtype dt) {
+    return dt == CN_U8 ? "U8 (packed NVFP4)" : cn_dtype_name(dt);
+}
+
+/* A weight matrix [rows, cols] used in place, in the format the quantization config gives its
+ * module (quant_config.h), or the one its stored dtype implies when there is no config:
+ *   F32/BF16/F16   as stored (modules excluded from quantization, or never quantized: modelopt
+ *                  leaves non-Linear modules such as the router in high precision whatever the
+ *                  global quant_algo says)
+ *   FP8            X.weight F8_E4M3 [rows, cols] + X.weight_scale one F32
+ *   NVFP4          X.weight U8 [rows, cols/2] + X.weight_scale E4M3 [rows, cols/16]
+ *                  + X.weight_scale_2 one F32
+ *   MXFP8          X.weight F8_E4M3 [rows, cols] + X.weight_scale U8/E8M0 [rows, cols/32]
+ * X.input_scale (static activation scale) is not needed: activations stay in fp32/int8 here. */
 static int bind_matrix(cn_model *m, cn_tensor *out, const char *name, int64_t rows, int64_t cols,
                        cn_err *err) {
     const cn_st_tensor *t = need(m, name, err);
     if (!t) return CN_ENOTENSOR;
+    char module[NAME_MAX_LEN], sname[NAME_MAX_LEN], s2name[NAME_MAX_LEN];
+    size_t ln = strlen(name);
+    snprintf(module, sizeof module, "%.*s", (int)(ln > 7 && !strcmp(name + ln - 7, ".weight") ? ln - 7 : ln), name);
+    snprintf(sname, sizeof sname, "%s_scale", name);    /* X.weight -> X.weight_scale */
+    snprintf(s2name, sizeof s2name, "%s_scale_2", name); /* X.weight -> X.weight_scale_2 */
+    cn_qalgo algo = cn_qconfig_module(&m->qc, module);
     int64_t shape[2] = {rows, cols};
-    int rc = check_shape(t, 2, shape, err);
-    if (rc) return rc;
-    if (!cn_backend_supports_weight(m->b, t->dtype))
-        return cn_err_set(err, CN_EDTYPE, "tensor %s: dtype %s is not supported for weights%s", name,
-                          cn_dtype_name(t->dtype),
-                          t->dtype == CN_U8 ? " (packed NVFP4 is not supported yet)" : "");
-    cn_tensor_init(out, t->dtype, 2, shape, (void *)t->data);
-    out->name = t->name;
-    if (t->dtype == CN_F8_E4M3) {
-        char sname[NAME_MAX_LEN];
-        snprintf(sname, sizeof sname, "%s_scale", name); /* X.weight -> X.weight_scale */
+    int rc;
+
+    if (t->dtype == CN_F32 || t->dtype == CN_BF16 || t->dtype == CN_F16) {
+        if ((rc = check_shape(t, 2, shape, err))) return rc;
+        cn_tensor_init(out, t->dtype, 2, shape, (void *)t->data);
+        out->name = t->name;
+        return cn_backend_weight(m->b, out);
+    }
+    if (t->dtype != CN_U8 && t->dtype != CN_F8_E4M3)
+        return cn_err_set(err, CN_EDTYPE, "tensor %s: dtype %s is not supported for weights", name,
+                          cn_dtype_name(t->dtype));
+    if (algo == CN_QALGO_AUTO) { /* no config: the stored tensors decide */
         const cn_st_tensor *s = cn_st_find(m->st, sname);
-        if (!s) return cn_err_set(err, CN_ENOTENSOR, "missing tensor %s (scale of F8 tensor %s)", sname, name);
-        int64_t n = 1;
-        for (int i = 0; i < s->ndim; i++) n *= s->shape[i];
-        if (n != 1 || (s->dtype != CN_F32 && s->dtype != CN_BF16))
-            return cn_err_set(err, CN_ESHAPE,
-                              "tensor %s: expected one F32 value (per-tensor scale), found %lld of %s",
-                              sname, (long long)n, cn_dtype_name(s->dtype));
-        out->scale = s->dtype == CN_F32 ? *(const float *)s->data
-                                        : cn_bf16_to_f32(*(const uint16_t *)s->data);
+        algo = t->dtype == CN_U8 ? CN_QALGO_NVFP4
+             : s && s->ndim == 2 && s->shape[1] > 1 ? CN_QALGO_MXFP8 : CN_QALGO_FP8;
+    }
+    cn_dtype want = algo == CN_QALGO_NVFP4 ? CN_U8 : CN_F8_E4M3;
+    if (algo == CN_QALGO_NONE || t->dtype != want)
+        return cn_err_set(err, CN_EDTYPE,
+                          "tensor %s is %s but %s gives module %s quant_algo %s (expected %s)", name,
+                          fmt_of_dtype(t->dtype), m->qc.source, module, cn_qalgo_name(algo),
+                          algo == CN_QALGO_NONE ? "F32, BF16 or F16" : fmt_of_dtype(want));
+    if (!cn_backend_supports_weight(m->b, algo == CN_QALGO_NVFP4 ? CN_NVFP4 :
+                                          algo == CN_QALGO_MXFP8 ? CN_MXFP8 : CN_F8_E4M3))
+        return cn_err_set(err, CN_EDTYPE, "tensor %s: %s weights are not supported by the %s backend",
+                          name, cn_qalgo_name(algo), cn_backend_name(m->b));
+    switch (algo) {
+    case CN_QALGO_NVFP4: {
+        if (cols % 16)
+            return cn_err_set(err, CN_ESHAPE, "tensor %s: K = %lld is not a multiple of the NVFP4 "
+                              "block size 16", name, (long long)cols);
+        int64_t packed[2] = {rows, cols / 2};
+        if ((rc = check_shape(t, 2, packed, err))) return rc;
+        cn_tensor_init(out, CN_NVFP4, 2, shape, (void *)t->data);
+        out->name = t->name;
+        if ((rc = bind_block_scale(m, out, sname, name, rows, cols, 16, err))) return rc;
+        if ((rc = read_scalar(m, s2name, name, "global scale of NVFP4 tensor", &out->scale, err))) return rc;
+        break;
+    }
+    case CN_QALGO_MXFP8:
+        if (cols % 32)
+            return cn_err_set(err, CN_ESHAPE, "tensor %s: K = %lld is not a multiple of the MXFP8 "
+                              "block size 32", name, (long long)cols);
+        if ((rc = check_shape(t, 2, shape, err))) return rc;
+        cn_tensor_init(out, CN_MXFP8, 2, shape, (void *)t->data);
+        out->name = t->name;
+        if ((rc = bind_block_scale(m, out, sname, name, rows, cols, 32, err))) return rc;
+        break;
+    default: /* FP8 per tensor */
+        if ((rc = check_shape(t, 2, shape, err))) return rc;
+        cn_tensor_init(out, CN_F8_E4M3, 2, shape, (void *)t->data);
+        out->name = t->name;
+        if ((rc = read_scalar(m, sname, name, "per-tensor scale of F8 tensor", &out->scale, err)))
+            return rc;
+        break;
     }
     return cn_backend_weight(m->b, out);
 }
@@ -297,6 +408,10 @@ static void free_layer(cn_layer_w *l) {
 }
 
 void cn_model_unbind_weights(cn_model *m) {
+    for (int i = 0; i < m->n_descs; i++) free(m->descs[i]);
+    free(m->descs);
+    m->descs = NULL;
+    m->n_descs = m->cap_descs = 0;
     for (int i = 0; i < m->n_owned; i++) cn_backend_release(m->b, m->owned[i]);
     free(m->owned);
     m->owned = NULL;

@@ -16,6 +16,18 @@ static int same2d(const cn_tensor *a, const cn_tensor *c) {
     return ROWS(a) == ROWS(c) && COLS(a) == COLS(c);
 }
 
+/* Block-scaled weights must carry scales of their block shape (tensor.h (3)). */
+static int weight_ok(const cn_tensor *w) {
+    if (w->ndim != 2) return 0;
+    int64_t blk = w->dtype == CN_NVFP4 ? 16 : w->dtype == CN_MXFP8 ? 32 : 0;
+    if (!blk) return 1;
+    const cn_tensor *s = w->block_scale;
+    cn_dtype want = w->dtype == CN_NVFP4 ? CN_F8_E4M3 : CN_F8_E8M0;
+    if (w->shape[1] % blk || !s || s->ndim != 2 || (s->dtype != want && s->dtype != CN_U8))
+        return 0;
+    return s->shape[0] == w->shape[0] && s->shape[1] == w->shape[1] / blk;
+}
+
 const char *cn_backend_name(const cn_backend *b) { return b->iface->name; }
 
 void cn_backend_free(cn_backend *b) {
@@ -58,7 +70,7 @@ int cn_backend_supports_weight(const cn_backend *b, cn_dtype dtype) {
 }
 
 int cn_op_matmul(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor *x) {
-    if (!is2d_f32(y) || !is2d_f32(x) || w->ndim != 2) return CN_EINVAL;
+    if (!is2d_f32(y) || !is2d_f32(x) || !weight_ok(w)) return CN_EINVAL;
     if (COLS(x) != w->shape[1] || ROWS(y) != ROWS(x) || COLS(y) != w->shape[0]) return CN_EINVAL;
     if (!b->iface->supports_weight(b, w->dtype)) return CN_EUNSUPPORTED;
     return b->iface->matmul(b, y, w, x);
@@ -71,7 +83,7 @@ int cn_op_matmul_gather(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, 
     int64_t rows = ROWS(ids) * COLS(ids);
     if (ROWS(y) != rows || (ROWS(x) != ROWS(ids) && ROWS(x) != rows)) return CN_EINVAL;
     for (int e = 0; e < n_w; e++) {
-        if (w[e]->ndim != 2 || w[e]->shape[1] != COLS(x) || w[e]->shape[0] != COLS(y))
+        if (!weight_ok(w[e]) || w[e]->shape[1] != COLS(x) || w[e]->shape[0] != COLS(y))
             return CN_EINVAL;
         if (!b->iface->supports_weight(b, w[e]->dtype)) return CN_EUNSUPPORTED;
     }
@@ -79,7 +91,7 @@ int cn_op_matmul_gather(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, 
 }
 
 int cn_op_get_rows(cn_backend *b, cn_tensor *y, const cn_tensor *table, const cn_tensor *ids) {
-    if (!is2d_f32(y) || table->ndim != 2 || ids->dtype != CN_I32) return CN_EINVAL;
+    if (!is2d_f32(y) || !weight_ok(table) || ids->dtype != CN_I32) return CN_EINVAL;
     if (cn_tensor_nelem(ids) != ROWS(y) || COLS(y) != table->shape[1]) return CN_EINVAL;
     if (!b->iface->supports_weight(b, table->dtype)) return CN_EUNSUPPORTED;
     return b->iface->get_rows(b, y, table, ids);

@@ -6,7 +6,9 @@
  *  (1) Activations are F32 2D tensors [rows, cols]; rows are contiguous, the row stride may be
  *      larger than cols (column views of a wider activation, see cn_tensor_cols).
  *  (2) Weight matrices are [N, K] in any weight dtype the backend supports (F32, BF16, F16,
- *      F8_E4M3 with per-tensor scale; NVFP4/MXFP8 later); y = x W^T.
+ *      F8_E4M3 with per-tensor scale, NVFP4 with K % 16 == 0 and block_scale [N, K/16] E4M3 (or
+ *      U8), MXFP8 with K % 32 == 0 and block_scale [N, K/32] E8M0 (or U8)); y = x W^T. A backend
+ *      may compute NVFP4 products from activations it quantizes itself (the CPU: int8 per 16).
  *  (3) Vectors (norm weights, biases, A_log, D, dt_bias, conv weights) are F32: the model converts
  *      them at load.
  *  (4) Index tensors are I32 and live where the backend computes.

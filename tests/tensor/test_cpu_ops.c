@@ -293,7 +293,9 @@ static void test_matmul_unsupported_weight(void **state) {
     assert_true(cn_backend_supports_weight(b, CN_F16));
     assert_true(cn_backend_supports_weight(b, CN_F8_E4M3));
     assert_false(cn_backend_supports_weight(b, CN_I8));
-    assert_false(cn_backend_supports_weight(b, CN_NVFP4));
+    assert_true(cn_backend_supports_weight(b, CN_NVFP4));
+    assert_true(cn_backend_supports_weight(b, CN_MXFP8));
+    assert_false(cn_backend_supports_weight(b, CN_U8));
     assert_false(cn_backend_supports_weight(b, CN_F8_E5M2));
     int8_t wb[6] = {0};
     float xb[3] = {0}, yb[2] = {0};

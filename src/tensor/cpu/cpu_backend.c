@@ -58,6 +58,12 @@ static int has_f16c(void) {
     return (c & bit_F16C) != 0;
 }
 
+/* The AVX-512 NVFP4 kernel: vpdpbusd and 256-bit masked loads. */
+static int has_vnni(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+}
+
 static int pick_isa(void) {
     const char *env = getenv("CAIRN_CPU_SCALAR");
     if (env && env[0] && strcmp(env, "0") != 0) return CPU_ISA_SCALAR;
@@ -75,6 +81,8 @@ static int pick_isa(void) {
     return isa < cap ? isa : cap;
 }
 #else
+static int has_vnni(void) { return 0; }
+
 static int pick_isa(void) { return CPU_ISA_SCALAR; }
 #endif
 
@@ -175,7 +183,8 @@ static int cpu_copy(cn_backend *b, cn_tensor *dst, const cn_tensor *src) {
 
 static int cpu_supports_weight(const cn_backend *b, cn_dtype dtype) {
     (void)b;
-    return dtype == CN_F32 || dtype == CN_BF16 || dtype == CN_F16 || dtype == CN_F8_E4M3;
+    return dtype == CN_F32 || dtype == CN_BF16 || dtype == CN_F16 || dtype == CN_F8_E4M3 ||
+           dtype == CN_NVFP4 || dtype == CN_MXFP8;
 }
 
 static const cn_backend_iface cpu_iface = {
@@ -220,11 +229,14 @@ cn_backend *cn_cpu_backend_create(int n_threads) {
     if (!c->pool) goto err;
     c->isa = pick_isa();
     switch (c->isa) {
-    case CPU_ISA_AVX512: cpu_kernels_avx512(&c->kern); break;
+    case CPU_ISA_AVX512: cpu_kernels_avx512(&c->kern, has_vnni()); break;
     case CPU_ISA_AVX2: cpu_kernels_avx2(&c->kern); break;
     default: cpu_kernels_scalar(&c->kern); break;
     }
-    for (int i = 0; i < 256; i++) c->e4m3_lut[i] = cn_e4m3_to_f32((uint8_t)i);
+    for (int i = 0; i < 256; i++) {
+        c->e4m3_lut[i] = cn_e4m3_to_f32((uint8_t)i);
+        c->e8m0_lut[i] = cn_e8m0_to_f32((uint8_t)i);
+    }
     b->iface = &cpu_iface;
     b->ctx = c;
     return b;

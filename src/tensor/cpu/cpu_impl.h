@@ -25,10 +25,24 @@ typedef struct cpu_wmat {
     const char *data;  /* row n starts at data + n * stride */
     int64_t stride;    /* bytes */
     int64_t K;         /* values per row */
-    cn_dtype dtype;    /* F32, BF16, F16 or F8_E4M3 */
-    float scale;       /* multiplies every dot product (F8 per-tensor scale; else 1) */
+    cn_dtype dtype;    /* F32, BF16, F16, F8_E4M3, NVFP4 or MXFP8 */
+    float scale;       /* multiplies every dot product: F8 per-tensor scale; NVFP4 global / 2
+                        * (the kernels use 2 * e2m1, an integer); else 1 */
     const float *lut;  /* E4M3 code -> value, for the scalar path and tails */
+    const uint8_t *bs; /* NVFP4: E4M3 scale per 16; MXFP8: E8M0 exponent per 32; else NULL */
+    int64_t bs_stride; /* bytes between the block-scale rows of rows n and n + 1 */
+    const float *lut8; /* E8M0 code -> 2^(code - 127) */
 } cpu_wmat;
+
+/* NVFP4 activations, quantized once per call (cpu_quant.c): each x row becomes, in KP = K rounded
+ * up to 64 (padding zero):
+ *   int8_t  q[KP]      round(x * 127 / amax) per block of 16 (amax of the block's |x|)
+ *   float   d[KP / 4]  amax / 127 of the block holding values 4i..4i+3 (repeated per 4 values)
+ *   int32_t c[KP / 4]  -12 * (q[4i] + .. + q[4i+3]): the correction that lets an unsigned weight
+ *                      2 * e2m1 + 12 (0..24) multiply signed q (VNNI vpdpbusd is u8 x s8)
+ * Lanes of 4 values are what one vpdpbusd int32 lane sums, at any vector width. */
+#define CPU_XQ_KPAD(K) (((K) + 63) & ~(int64_t)63)
+#define CPU_XQ_BYTES(K) (3 * CPU_XQ_KPAD(K))
 
 /* Most x rows one matmul tile takes (each weight row loaded once is used for all of them). */
 #define CPU_MM_ROWS 4
@@ -41,6 +55,16 @@ typedef struct cpu_kernels {
     float (*dot_w)(const cpu_wmat *w, const char *row, const float *x);
     /* y[k] += a * scale * row[k] over K values. */
     void (*axpy_w)(const cpu_wmat *w, float a, const char *row, float *y);
+    /* NVFP4: yr[r][n] = scale * sum over blocks b of (sum 2*e2m1 * q) * e4m3(bs[b]) * d[b],
+     * xq[r] a quantized row (CPU_XQ_BYTES layout), r < R (1..CPU_MM_ROWS), n in [n0, n1). */
+    void (*mm_nvfp4)(const cpu_wmat *w, const int8_t *const *xq, float *const *yr, int R,
+                     int64_t n0, int64_t n1);
+    /* Quantizes one activation row of K values (K % 16 == 0) into the CPU_XQ_BYTES layout.
+     * Identical bytes on every ISA (the same fp32 operations, max is order-free). */
+    void (*quant_nvfp4)(const float *x, int64_t K, int8_t *xq);
+    /* MXFP8: as mm_tile, value = e4m3 * 2^(e8m0 - 127) per block of 32 (K % 32 == 0). */
+    void (*mm_mxfp8)(const cpu_wmat *w, const float *const *xr, float *const *yr, int R,
+                     int64_t n0, int64_t n1);
     /* One row of a Mamba2 state: s[n] = s[n] * dA + dx * B[n] for n < N; returns sum s[n] * C[n]. */
     float (*ssm_row)(float *s, const float *B, const float *C, float dA, float dx, int64_t N);
 } cpu_kernels;
@@ -51,6 +75,7 @@ typedef struct cpu_ctx {
     int isa;            /* enum cpu_isa actually used (CAIRN_CPU_SCALAR=1 forces scalar) */
     cpu_kernels kern;   /* kernels of `isa` */
     float e4m3_lut[256];
+    float e8m0_lut[256]; /* 2^(code - 127); code 0 is the subnormal 2^-127; 255 is NaN */
     void *scratch;      /* invariant 2 */
     size_t scratch_cap; /* bytes */
 } cpu_ctx;
@@ -70,13 +95,19 @@ static inline float *cpu_row(const cn_tensor *t, int64_t r) {
     return (float *)((char *)t->data + r * t->stride[0]);
 }
 
-/* Kernel tables, one per ISA (cpu_matmul.c). */
+/* Kernel tables, one per ISA (cpu_kernels.c); each ends by adding the block formats of that ISA
+ * (cpu_quant.c). vnni: the CPU has AVX512_VNNI (the AVX-512 NVFP4 kernel needs it, else AVX2's). */
 void cpu_kernels_scalar(cpu_kernels *k);
 void cpu_kernels_avx2(cpu_kernels *k);
-void cpu_kernels_avx512(cpu_kernels *k);
+void cpu_kernels_avx512(cpu_kernels *k, int vnni);
+void cpu_quant_kernels_scalar(cpu_kernels *k);
+void cpu_quant_kernels_avx2(cpu_kernels *k);
+void cpu_quant_kernels_avx512(cpu_kernels *k, int vnni);
 
-/* Decodes one weight value of any supported dtype (not scaled). */
+/* Decodes one weight value of the dense dtypes (F32, BF16, F16, F8_E4M3; not scaled). */
 float cpu_wvalue(const cpu_wmat *w, const char *row, int64_t k);
+/* Value n, k of a weight of any supported dtype, every scale applied. */
+float cpu_wvalue_scaled(const cpu_wmat *w, int64_t n, int64_t k);
 
 /* ---- ops (iface members) ---- */
 int cpu_matmul(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor *x);

@@ -122,6 +122,7 @@ void cpu_kernels_scalar(cpu_kernels *k) {
     k->dot_w = sc_dot;
     k->axpy_w = sc_axpy;
     k->ssm_row = sc_ssm_row;
+    cpu_quant_kernels_scalar(k);
 }
 
 /* ---------------------------------------------------------------- AVX2 + FMA + F16C */
@@ -306,6 +307,7 @@ void cpu_kernels_avx2(cpu_kernels *k) {
     k->dot_w = a2_dot;
     k->axpy_w = a2_axpy;
     k->ssm_row = a2_ssm_row;
+    cpu_quant_kernels_avx2(k);
 }
 
 /* ---------------------------------------------------------------- AVX-512F/BW */
@@ -441,16 +443,20 @@ A5_FN static float a5_ssm_row(float *s, const float *B, const float *C, float dA
     return r;
 }
 
-void cpu_kernels_avx512(cpu_kernels *k) {
+void cpu_kernels_avx512(cpu_kernels *k, int vnni) {
     /* Short rows (attention's head_dim) gain little from 16 lanes: keep the AVX2 dot/axpy. */
     cpu_kernels_avx2(k);
     k->mm_tile = a5_tile;
     k->ssm_row = a5_ssm_row;
+    cpu_quant_kernels_avx512(k, vnni);
 }
 
 #else /* not x86: the SIMD tables are the scalar one (cpu_backend.c never picks them anyway) */
 
 void cpu_kernels_avx2(cpu_kernels *k) { cpu_kernels_scalar(k); }
-void cpu_kernels_avx512(cpu_kernels *k) { cpu_kernels_scalar(k); }
+void cpu_kernels_avx512(cpu_kernels *k, int vnni) {
+    (void)vnni;
+    cpu_kernels_scalar(k);
+}
 
 #endif

@@ -5,6 +5,8 @@
  * CPU_MM_ROWS x rows inside that; work is split over (weight block, row block) tasks that do not
  * depend on the thread count, so results are bit-identical for any n_threads (cpu_impl.h (3)).
  * Index tensors are checked before anything is written: an id out of range gives CN_EINVAL.
+ * NVFP4 weights read activations quantized once per call into the backend's scratch (cpu_impl.h:
+ * CPU_XQ layout), so the per-token path allocates nothing once the scratch has grown.
  */
 #include <stdint.h>
 #include <string.h>
@@ -22,8 +24,48 @@ static cpu_wmat wmat_of(const cpu_ctx *c, const cn_tensor *w) {
     m.K = w->shape[1];
     m.dtype = w->dtype;
     m.scale = w->dtype == CN_F8_E4M3 ? w->scale : 1.0f; /* tensor.h (3): others carry 1 */
+    if (w->dtype == CN_NVFP4) m.scale = w->scale * 0.5f; /* kernels use 2 * e2m1 */
     m.lut = c->e4m3_lut;
+    m.lut8 = c->e8m0_lut;
+    m.bs = NULL;
+    m.bs_stride = 0;
+    if (w->block_scale) {
+        m.bs = (const uint8_t *)w->block_scale->data;
+        m.bs_stride = w->block_scale->stride[0];
+    }
     return m;
+}
+
+/* ---- NVFP4 activations ---- */
+
+typedef struct quant_job {
+    const cpu_kernels *kern;
+    const cn_tensor *x;
+    int8_t *xq;
+    int64_t K, row_bytes;
+} quant_job;
+
+static void quant_task(void *arg, int begin, int end) {
+    const quant_job *j = arg;
+    for (int r = begin; r < end; r++)
+        j->kern->quant_nvfp4(cpu_row(j->x, r), j->K, j->xq + r * j->row_bytes);
+}
+
+/* Quantizes every row of x into xq (rows of CPU_XQ_BYTES(K), 64-byte aligned). */
+static void quantize_rows(cpu_ctx *c, const cn_tensor *x, int8_t *xq) {
+    quant_job j = {.kern = &c->kern, .x = x, .xq = xq, .K = x->shape[1]};
+    j.row_bytes = CPU_XQ_BYTES(j.K);
+    cpu_parallel(c, (int)x->shape[0], x->shape[0] * j.K * 4, quant_task, &j);
+}
+
+/* One tile of any weight format: x rows are float rows, or quantized rows when w is NVFP4. */
+static void tile(const cpu_kernels *kern, const cpu_wmat *w, const float *const *xr,
+                 const int8_t *const *xq, float *const *yr, int R, int64_t n0, int64_t n1) {
+    switch (w->dtype) {
+    case CN_NVFP4: kern->mm_nvfp4(w, xq, yr, R, n0, n1); break;
+    case CN_MXFP8: kern->mm_mxfp8(w, xr, yr, R, n0, n1); break;
+    default: kern->mm_tile(w, xr, yr, R, n0, n1); break;
+    }
 }
 
 /* ---- dense ---- */
@@ -32,6 +74,8 @@ typedef struct mm_job {
     const cpu_kernels *kern;
     cpu_wmat w;
     const cn_tensor *x, *y;
+    const int8_t *xq; /* quantized x rows (NVFP4), else NULL */
+    int64_t xq_bytes; /* bytes per quantized row */
     int64_t T, N;
     int n_tb; /* row blocks */
 } mm_job;
@@ -45,13 +89,15 @@ static void mm_task(void *arg, int begin, int end) {
         int64_t t0 = tb * MM_TB, t1 = t0 + MM_TB < j->T ? t0 + MM_TB : j->T;
         for (int64_t t = t0; t < t1; t += CPU_MM_ROWS) {
             const float *xr[CPU_MM_ROWS];
+            const int8_t *xq[CPU_MM_ROWS] = {NULL};
             float *yr[CPU_MM_ROWS];
             int R = t1 - t < CPU_MM_ROWS ? (int)(t1 - t) : CPU_MM_ROWS;
             for (int r = 0; r < R; r++) {
                 xr[r] = cpu_row(j->x, t + r);
+                if (j->xq) xq[r] = j->xq + (t + r) * j->xq_bytes;
                 yr[r] = cpu_row(j->y, t + r);
             }
-            j->kern->mm_tile(&j->w, xr, yr, R, n0, n1);
+            tile(j->kern, &j->w, xr, xq, yr, R, n0, n1);
         }
     }
 }
@@ -62,6 +108,13 @@ int cpu_matmul(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor 
     j.T = x->shape[0];
     j.N = w->shape[0];
     if (j.T == 0 || j.N == 0) return CN_OK;
+    if (w->dtype == CN_NVFP4) {
+        j.xq_bytes = CPU_XQ_BYTES(j.w.K);
+        int8_t *xq = cpu_scratch(c, (size_t)(j.T * j.xq_bytes));
+        if (!xq) return CN_ENOMEM;
+        quantize_rows(c, x, xq);
+        j.xq = xq;
+    }
     j.n_tb = (int)((j.T + MM_TB - 1) / MM_TB);
     int n_nb = (int)((j.N + MM_NB - 1) / MM_NB);
     cpu_parallel(c, n_nb * j.n_tb, j.T * j.N * j.w.K, mm_task, &j);
@@ -85,6 +138,8 @@ typedef struct gather_job {
     int n_nb;
     const int *order; /* output rows sorted by expert, stable */
     const gather_seg *segs;
+    const int8_t *xq; /* x rows quantized when some expert is NVFP4, else NULL */
+    int64_t xq_bytes;
 } gather_job;
 
 static void gather_task(void *arg, int begin, int end) {
@@ -96,14 +151,17 @@ static void gather_task(void *arg, int begin, int end) {
         cpu_wmat w = wmat_of(j->c, j->w[s->expert]);
         for (int p = s->begin; p < s->end; p += CPU_MM_ROWS) {
             const float *xr[CPU_MM_ROWS];
+            const int8_t *xq[CPU_MM_ROWS] = {NULL};
             float *yr[CPU_MM_ROWS];
             int R = s->end - p < CPU_MM_ROWS ? s->end - p : CPU_MM_ROWS;
             for (int r = 0; r < R; r++) {
                 int row = j->order[p + r];
-                xr[r] = cpu_row(j->x, j->x_per_token ? row / j->k : row);
+                int64_t xrow = j->x_per_token ? row / j->k : row;
+                xr[r] = cpu_row(j->x, xrow);
+                if (j->xq) xq[r] = j->xq + xrow * j->xq_bytes;
                 yr[r] = cpu_row(j->y, row);
             }
-            j->c->kern.mm_tile(&w, xr, yr, R, n0, n1);
+            tile(&j->c->kern, &w, xr, xq, yr, R, n0, n1);
         }
     }
 }
@@ -114,12 +172,19 @@ int cpu_matmul_gather(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, in
     const int64_t T = ids->shape[0], k = ids->shape[1], rows = T * k;
     if (rows == 0 || y->shape[1] == 0) return CN_OK;
     if (rows > INT32_MAX / 4) return CN_EINVAL;
-    /* scratch: count/start [n_w + 1], order [rows], segs [<= rows + n_w] */
+    /* scratch: quantized x [x rows] (when an expert is NVFP4), count/start [n_w + 1],
+     * order [rows], segs [<= rows + n_w] */
+    int any_fp4 = 0;
+    for (int e = 0; e < n_w; e++) any_fp4 |= w[e]->dtype == CN_NVFP4;
+    const int64_t xq_bytes = any_fp4 ? CPU_XQ_BYTES(x->shape[1]) : 0;
+    const size_t xq_total = (size_t)(x->shape[0] * xq_bytes);
     size_t n_segs_max = (size_t)rows + (size_t)n_w;
-    size_t bytes = ((size_t)n_w + 1 + (size_t)rows) * sizeof(int) + 8 +
+    size_t bytes = xq_total + ((size_t)n_w + 1 + (size_t)rows) * sizeof(int) + 8 +
                    n_segs_max * sizeof(gather_seg);
     char *mem = cpu_scratch(c, bytes);
     if (!mem) return CN_ENOMEM;
+    int8_t *xq = any_fp4 ? (int8_t *)mem : NULL;
+    mem += xq_total; /* a multiple of 64 */
     int *start = (int *)mem;
     int *order = start + n_w + 1;
     gather_seg *segs = (gather_seg *)(((uintptr_t)(order + rows) + 7) & ~(uintptr_t)7);
@@ -147,7 +212,9 @@ int cpu_matmul_gather(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, in
         for (int64_t jj = 0; jj < k; jj++) order[start[id[jj]]++] = (int)(t * k + jj);
     }
 
-    gather_job j = {.c = c, .w = w, .x = x, .y = y, .k = (int)k, .order = order, .segs = segs};
+    if (xq) quantize_rows(c, x, xq); /* after the id check: on error nothing was computed */
+    gather_job j = {.c = c, .w = w, .x = x, .y = y, .k = (int)k, .order = order, .segs = segs,
+                    .xq = xq, .xq_bytes = xq_bytes};
     j.x_per_token = x->shape[0] == T; /* with k == 1 both readings agree */
     j.N = y->shape[1];
     j.n_nb = (int)((j.N + MM_NB - 1) / MM_NB);
@@ -169,6 +236,10 @@ int cpu_get_rows(cn_backend *b, cn_tensor *y, const cn_tensor *table, const cn_t
         float *dst = cpu_row(y, t);
         if (table->dtype == CN_F32) {
             memcpy(dst, src, (size_t)H * sizeof(float));
+            continue;
+        }
+        if (table->dtype == CN_NVFP4 || table->dtype == CN_MXFP8) {
+            for (int64_t i = 0; i < H; i++) dst[i] = cpu_wvalue_scaled(&w, id[t], i);
             continue;
         }
         for (int64_t i = 0; i < H; i++) dst[i] = cpu_wvalue(&w, src, i) * w.scale;
