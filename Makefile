@@ -1,9 +1,11 @@
 # Thin wrapper over CMake: `make` builds build/cairn, `make test` runs every test plainly and
-# under AddressSanitizer + UndefinedBehaviorSanitizer, `make run` serves the default model.
+# under AddressSanitizer + UndefinedBehaviorSanitizer (never the GPU tests), `make test-cuda` builds
+# build-cuda with the CUDA backend and runs the GPU tests on a machine that has one,
+# `make run` serves the default model.
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 MODEL ?= models/tiny
 
-.PHONY: all build asan test test-plain test-asan run clean
+.PHONY: all build asan cuda test test-plain test-asan test-cuda run clean
 
 all: build
 
@@ -12,19 +14,31 @@ build:
 	@cmake --build build -j $(JOBS) -- --no-print-directory
 
 asan:
-	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCAIRN_SANITIZE=ON >/dev/null
+	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCAIRN_SANITIZE=ON -DCAIRN_CUDA=OFF >/dev/null
 	@cmake --build build-asan -j $(JOBS) -- --no-print-directory
 
 test-plain: build
 	@mkdir -p build/tmp
-	cd build && ctest --output-on-failure -j $(JOBS)
+	cd build && ctest --output-on-failure -j $(JOBS) -LE gpu
 
 test-asan: asan
 	@mkdir -p build-asan/tmp
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS)
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS) -LE gpu
 
 test: test-plain test-asan
+
+cuda:
+	@cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_CUDA=ON >/dev/null
+	@cmake --build build-cuda -j $(JOBS) -- --no-print-directory
+
+# On the GPU: the per-op CUDA-vs-CPU test, then the parity goldens, the cache scenarios and the CLI
+# with every model on the CUDA backend (CAIRN_BACKEND=cuda; tests that build their own CPU
+# reference keep it).
+test-cuda: cuda
+	@mkdir -p build-cuda/tmp
+	cd build-cuda && CAIRN_BACKEND=cuda ctest --output-on-failure -j 1 \
+	  -R '^(tensor/test_cuda_ops|model/test_forward|cache/|cli/test_cli)'
 
 $(MODEL)/config.json: | build
 	./build/cairn make-model --preset tiny --out $(MODEL)
@@ -33,4 +47,4 @@ run: build $(MODEL)/config.json
 	./build/cairn serve --model $(MODEL)
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-cuda

@@ -10,6 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "tensor/backends.h"
+
 /* tests/data, from CAIRN_DATA (set by ctest) or relative to the source root. */
 static inline const char *tu_data_dir(void) {
     const char *d = getenv("CAIRN_DATA");
@@ -61,6 +63,16 @@ static inline double tu_rel_err(const float *a, const float *b, size_t n) {
         if (fabs((double)b[i]) > maxb) maxb = fabs((double)b[i]);
     }
     return maxb > 0 ? maxd / maxb : maxd;
+}
+
+/* The backend a model or cache test runs on: $CAIRN_BACKEND ("cpu" when unset; `make test-cuda`
+ * sets "cuda"). NULL, with the reason on stderr, if it cannot be created. */
+static inline cn_backend *tu_backend(int n_threads) {
+    cn_err err;
+    cn_err_clear(&err);
+    cn_backend *b = cn_backend_open(cn_backend_default_name(), n_threads, &err);
+    if (!b) fprintf(stderr, "backend %s: %s\n", cn_backend_default_name(), err.msg);
+    return b;
 }
 
 /* Removes a directory tree made by a test (best effort). */

@@ -769,7 +769,7 @@ static int pat_restart(bench *b, tokgen *g) {
     tg_gen_prompt(g, &S);
     for (int life = 0; life < 2; life++) {
         /* one server life: open the model and an engine on the cache directory, serve one turn */
-        if ((rc = cn_cli_open_model(b->model_dir, b->o.threads, 0, &be, &m))) break;
+        if ((rc = cn_cli_open_model(b->model_dir, NULL, b->o.threads, 0, &be, &m))) break;
         cn_engine_opts eo = {.ctx = b->ctx, .chunk = b->o.chunk,
                              .cache = {.spacing = b->o.spacing, .pre_end = 4},
                              .cache_dir = dir, .disk_budget = 0};
@@ -1061,7 +1061,7 @@ int cn_bench_cache(int argc, char **argv) {
     int status = 1;
     pat_result res[BENCH_N_PATTERNS];
     int n_res = 0;
-    if (cn_cli_open_model(b.model_dir, b.o.threads, 0, &b.be, &b.m)) goto done;
+    if (cn_cli_open_model(b.model_dir, NULL, b.o.threads, 0, &b.be, &b.m)) goto done;
     const cn_config *c = cn_model_config(b.m);
     b.vocab = c->vocab_size;
     b.n_eos = c->n_eos < CN_MAX_EOS ? c->n_eos : CN_MAX_EOS;

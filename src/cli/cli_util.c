@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "tensor/cpu/cpu_backend.h"
+#include "tensor/backends.h"
 
 static char *read_file(const char *path, int *rc) {
     FILE *f = fopen(path, "rb");
@@ -98,14 +98,17 @@ fail:
     return rc;
 }
 
-int cn_cli_open_model(const char *dir, int threads, int ubatch, cn_backend **b, cn_model **m) {
-    *b = cn_cpu_backend_create(threads);
-    if (!*b) {
-        fprintf(stderr, "cairn: cannot create the CPU backend: out of memory\n");
-        return CN_ENOMEM;
-    }
+int cn_cli_open_model(const char *dir, const char *backend, int threads, int ubatch, cn_backend **b,
+                      cn_model **m) {
     cn_err err;
     cn_err_clear(&err);
+    if (!backend) backend = cn_backend_default_name();
+    *b = cn_backend_open(backend, threads, &err);
+    *m = NULL;
+    if (!*b) {
+        fprintf(stderr, "cairn: --backend %s: %s\n", backend, err.msg);
+        return err.code ? err.code : CN_EINVAL;
+    }
     cn_model_opts o = {.ubatch = ubatch};
     int rc = cn_model_open(m, dir, *b, &o, &err);
     if (rc) {

@@ -1,4 +1,4 @@
-/* cli_util.h - helpers the subcommands share: token lists, model opening with a CPU backend.
+/* cli_util.h - helpers the subcommands share: token lists, model opening on a named backend.
  *
  * Errors are printed to stderr as "cairn: <message>" and returned; nothing here exits.
  */
@@ -13,8 +13,10 @@
  * Returns 0 or CN_EUSAGE (bad id, empty list; message printed), CN_ENOENT/CN_EIO for the file. */
 int cn_cli_parse_tokens(const char *arg, int32_t **out, int *n);
 
-/* A CPU backend and the model in dir; on error prints the message and cleans up. */
-int cn_cli_open_model(const char *dir, int threads, int ubatch, cn_backend **b, cn_model **m);
+/* The backend named `backend` ("cpu", "cuda", "cuda:N"; NULL = $CAIRN_BACKEND or "cpu") and the
+ * model in dir on it; on error prints the message and cleans up. `threads` is for the CPU backend. */
+int cn_cli_open_model(const char *dir, const char *backend, int threads, int ubatch, cn_backend **b,
+                      cn_model **m);
 void cn_cli_close_model(cn_backend *b, cn_model *m);
 
 #endif

@@ -89,7 +89,7 @@ static void print_json_string(const char *s, size_t n) {
 }
 
 int cn_cmd_generate(int argc, char **argv) {
-    const char *model = NULL, *tokens_arg = NULL, *prompt = NULL;
+    const char *model = NULL, *tokens_arg = NULL, *prompt = NULL, *backend = NULL;
     int max_tokens = 32, threads = 0, json = 0, ubatch = 0;
     cn_engine_opts eo = {.cache = {.pre_end = 4}};
     cn_request rq = {0};
@@ -114,6 +114,7 @@ int cn_cmd_generate(int argc, char **argv) {
         {"cache-ram", CN_FLAG_SIZE, &eo.cache.ram_budget, "SIZE", "host RAM for restore points (default 4G)", 0, 0},
         {"cache-dir", CN_FLAG_STR, &eo.cache_dir, "DIR", "keep restore points on disk in DIR: a later run resumes from them", 0, 0},
         {"cache-disk", CN_FLAG_SIZE, &eo.disk_budget, "SIZE", "disk for restore points under --cache-dir (default 16G)", 0, 0},
+        {"backend", CN_FLAG_STR, &backend, "NAME", "cpu, cuda or cuda:N (default: $CAIRN_BACKEND or cpu)", 0, 0},
         {"threads", CN_FLAG_INT, &threads, "N", "CPU threads (default: all cores)", 0, 0},
         {"ubatch", CN_FLAG_INT, &ubatch, "N", "tokens per forward chunk of scratch (default 256)", 0, 0},
         {"json", CN_FLAG_BOOL, &json, NULL, "print one JSON object", 0, 0},
@@ -121,7 +122,7 @@ int cn_cmd_generate(int argc, char **argv) {
     };
     const char *syn = "generate --model DIR (--tokens IDS | --prompt TEXT) --max-tokens N "
                       "[--temperature T --top-k K --top-p P --min-p M --seed S] "
-                      "[--cache-dir DIR [--cache-disk SIZE]] [--json]";
+                      "[--cache-dir DIR [--cache-disk SIZE]] [--json] [--backend NAME]";
     int rc = cn_flags_parse(flags, argc, argv, syn);
     if (rc) return rc > 0 ? 0 : 2;
     if (!!tokens_arg == !!prompt) {
@@ -172,7 +173,7 @@ int cn_cmd_generate(int argc, char **argv) {
     if (eo.ctx == 0) eo.ctx = n + max_tokens + 1 > 4096 ? n + max_tokens + 1 : 4096;
     cn_backend *b;
     cn_model *m;
-    if (cn_cli_open_model(model, threads, ubatch, &b, &m)) {
+    if (cn_cli_open_model(model, backend, threads, ubatch, &b, &m)) {
         free(ids);
         cn_tok_free(tok);
         return 1;

@@ -16,14 +16,15 @@ static void human(char *buf, size_t n, double bytes) {
 }
 
 int cn_cmd_info(int argc, char **argv) {
-    const char *model = NULL;
+    const char *model = NULL, *backend = NULL;
     int ctx = 4096;
     cn_flag flags[] = {
         {"model", CN_FLAG_STR, &model, "DIR", "model directory", 1, 0},
+        {"backend", CN_FLAG_STR, &backend, "NAME", "cpu, cuda or cuda:N (default: $CAIRN_BACKEND or cpu)", 0, 0},
         {"ctx", CN_FLAG_INT, &ctx, "N", "context length for the memory estimate (default 4096)", 0, 0},
         {NULL, 0, NULL, NULL, NULL, 0, 0},
     };
-    int rc = cn_flags_parse(flags, argc, argv, "info --model DIR [--ctx N]");
+    int rc = cn_flags_parse(flags, argc, argv, "info --model DIR [--ctx N] [--backend NAME]");
     if (rc) return rc > 0 ? 0 : 2;
     if (ctx <= 0) {
         fprintf(stderr, "cairn: --ctx must be positive\n");
@@ -31,12 +32,13 @@ int cn_cmd_info(int argc, char **argv) {
     }
     cn_backend *b;
     cn_model *m;
-    if (cn_cli_open_model(model, 1, 1, &b, &m)) return 1;
+    if (cn_cli_open_model(model, backend, 1, 1, &b, &m)) return 1;
     const cn_config *c = cn_model_config(m);
     cn_model_stats st;
     cn_model_stats_get(m, &st);
     char h1[32], h2[32], h3[32];
     printf("model:       %s (%s)\n", model, c->model_type);
+    printf("backend:     %s\n", cn_backend_name(b));
     printf("layers:      %d  (%s)\n", c->n_layers, c->layers);
     printf("  mamba %d, attention %d, moe %d, mlp %d\n", cn_config_count(c, CN_BLOCK_MAMBA),
            cn_config_count(c, CN_BLOCK_ATTN), cn_config_count(c, CN_BLOCK_MOE),

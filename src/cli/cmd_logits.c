@@ -8,24 +8,25 @@
 #include "model/state.h"
 
 int cn_cmd_logits(int argc, char **argv) {
-    const char *model = NULL, *tokens_arg = NULL, *out_path = NULL;
+    const char *model = NULL, *tokens_arg = NULL, *out_path = NULL, *backend = NULL;
     int threads = 0, ubatch = 0;
     cn_flag flags[] = {
         {"model", CN_FLAG_STR, &model, "DIR", "model directory", 1, 0},
         {"tokens", CN_FLAG_STR, &tokens_arg, "IDS", "comma-separated ids or @FILE", 1, 0},
         {"out", CN_FLAG_STR, &out_path, "FILE", "where to write the logits", 1, 0},
+        {"backend", CN_FLAG_STR, &backend, "NAME", "cpu, cuda or cuda:N (default: $CAIRN_BACKEND or cpu)", 0, 0},
         {"threads", CN_FLAG_INT, &threads, "N", "CPU threads (default: all cores)", 0, 0},
         {"ubatch", CN_FLAG_INT, &ubatch, "N", "tokens per forward chunk (default 256)", 0, 0},
         {NULL, 0, NULL, NULL, NULL, 0, 0},
     };
-    int rc = cn_flags_parse(flags, argc, argv, "logits --model DIR --tokens IDS --out FILE");
+    int rc = cn_flags_parse(flags, argc, argv, "logits --model DIR --tokens IDS --out FILE [--backend NAME]");
     if (rc) return rc > 0 ? 0 : 2;
     int32_t *ids = NULL;
     int n = 0;
     if ((rc = cn_cli_parse_tokens(tokens_arg, &ids, &n))) return rc == CN_EUSAGE ? 2 : 1;
     cn_backend *b;
     cn_model *m;
-    if (cn_cli_open_model(model, threads, ubatch, &b, &m)) {
+    if (cn_cli_open_model(model, backend, threads, ubatch, &b, &m)) {
         free(ids);
         return 1;
     }

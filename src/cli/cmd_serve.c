@@ -51,6 +51,7 @@ static int parse_host_env(const char *v, char *host, size_t hn, int *port) {
 
 int cn_cmd_serve(int argc, char **argv) {
     const char *model = NULL, *name = NULL, *host = NULL, *api_key = NULL, *cache_dir = NULL;
+    const char *backend = NULL;
     int port = 11435, threads = 0, ubatch = 0, max_queue = 64;
     float finish_cancelled = 120, keepalive = 5;
     uint64_t max_body = 32u << 20;
@@ -73,6 +74,7 @@ int cn_cmd_serve(int argc, char **argv) {
         {"chunk", CN_FLAG_INT, &eo.chunk, "N", "prompt tokens per forward (default 512)", 0, 0},
         {"cache-spacing", CN_FLAG_INT, &eo.cache.spacing, "N", "a restore point every N prompt tokens (default 1024)", 0, 0},
         {"threads", CN_FLAG_INT, &threads, "N", "CPU threads (default: all cores)", 0, 0},
+        {"backend", CN_FLAG_STR, &backend, "NAME", "cpu, cuda or cuda:N (default: $CAIRN_BACKEND or cpu)", 0, 0},
         {"ubatch", CN_FLAG_INT, &ubatch, "N", "tokens per forward chunk of scratch (default 256)", 0, 0},
         {NULL, 0, NULL, NULL, NULL, 0, 0},
     };
@@ -128,7 +130,7 @@ int cn_cmd_serve(int argc, char **argv) {
     cn_err err;
     cn_err_clear(&err);
     int status = 1;
-    if (cn_cli_open_model(model, threads, ubatch, &b, &m)) goto done;
+    if (cn_cli_open_model(model, backend, threads, ubatch, &b, &m)) goto done;
     const cn_config *c = cn_model_config(m);
     if ((rc = cn_text_open(&t, model, c->model_type, &err))) {
         fprintf(stderr, "cairn: %s\n", err.msg);

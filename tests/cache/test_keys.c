@@ -9,7 +9,6 @@
 
 #include "cache/keys.h"
 #include "engine/engine.h"
-#include "tensor/cpu/cpu_backend.h"
 #include "test_util.h"
 
 static void test_token_keys(void **st) {
@@ -65,7 +64,7 @@ static void test_media_identity_in_engine(void **st) {
     (void)st;
     char dir[600];
     snprintf(dir, sizeof dir, "%s/nh-mix-f32", tu_data_dir());
-    cn_backend *b = cn_cpu_backend_create(2);
+    cn_backend *b = tu_backend(2);
     cn_model *m;
     cn_err err;
     assert_int_equal(cn_model_open(&m, dir, b, NULL, &err), 0);

@@ -15,7 +15,6 @@
 #include "engine/engine.h"
 #include "model/state.h"
 #include "model/synth.h"
-#include "tensor/cpu/cpu_backend.h"
 #include "test_util.h"
 
 #define TOL 2e-5
@@ -42,7 +41,7 @@ static int32_t rnd_token(int V) {
 
 static void env_open_dir(env *v, const char *dir, int spacing, int chunk, uint64_t budget) {
     memset(v, 0, sizeof *v);
-    v->b = cn_cpu_backend_create(2);
+    v->b = tu_backend(2);
     assert_non_null(v->b);
     cn_err err;
     cn_err_clear(&err);

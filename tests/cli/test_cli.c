@@ -216,8 +216,26 @@ static int teardown(void **st) {
     return 0;
 }
 
+/* --backend: an unknown name fails cleanly; cuda either runs (a GPU and a CUDA build) or says
+ * why not (no CUDA backend in this build, or no device). */
+static void test_backend_flag(void **st) {
+    (void)st;
+    char *o = NULL;
+    assert_int_equal(run(&o, "%s info --model %s/nh-mix-f32 --backend tpu", bin(), tu_data_dir()), 1);
+    assert_non_null(strstr(o, "unknown backend 'tpu'"));
+    free(o);
+    assert_int_equal(run(&o, "%s info --model %s/nh-mix-f32 --backend cpu", bin(), tu_data_dir()), 0);
+    assert_non_null(strstr(o, "backend:     cpu"));
+    free(o);
+    int rc = run(&o, "%s info --model %s/nh-mix-f32 --backend cuda", bin(), tu_data_dir());
+    if (rc == 0) assert_non_null(strstr(o, "backend:     cuda"));
+    else assert_true(rc == 1 && (strstr(o, "no CUDA backend") || strstr(o, "no CUDA device")));
+    free(o);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_backend_flag),
         cmocka_unit_test(test_usage_errors),
         cmocka_unit_test(test_missing_model),
         cmocka_unit_test(test_logits_match_golden),

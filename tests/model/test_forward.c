@@ -4,6 +4,7 @@
  * all-position logits within 1e-4 of the largest reference logit, and identical greedy tokens.
  * Self-consistency: a prefill split at every position, token-by-token decode, small ubatches and
  * restores from captured recurrent state all equal one uninterrupted prefill.
+ * Runs on $CAIRN_BACKEND (cpu when unset; `make test-cuda` runs it on the GPU, same tolerances).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -15,7 +16,6 @@
 
 #include "model/model.h"
 #include "model/state.h"
-#include "tensor/cpu/cpu_backend.h"
 #include "test_util.h"
 
 #define REL_TOL 1e-4
@@ -82,7 +82,7 @@ typedef struct fixture {
 static void open_model(fixture *f, const char *name, int ubatch, int threads) {
     char dir[600];
     snprintf(dir, sizeof dir, "%s/%s", tu_data_dir(), name);
-    f->b = cn_cpu_backend_create(threads);
+    f->b = tu_backend(threads);
     assert_non_null(f->b);
     cn_err err;
     cn_err_clear(&err);

@@ -1,0 +1,175 @@
+/* cuda_elementwise.cu - RMSNorm, the gated grouped RMSNorm, add/mul/silu/relu^2/scale and the
+ * F32 <-> BF16/F16 conversions of copy, on the GPU.
+ *
+ * Promises: the same formulas as the CPU backend (silu = x / (1 + expf(-x)), sums of squares in
+ * double, then fp32); y may alias an input wherever the contract allows it, because every thread
+ * reads its elements before writing them and no thread reads another's outputs. Rows may be
+ * strided views.
+ */
+#include "tensor/cuda/cuda_impl.h"
+
+/* ---------------------------------------------------------------- norms */
+
+#define NORM_THREADS 256
+
+/* Block sum of a double; all threads get the total. */
+__device__ double block_sum_d(double v) {
+    __shared__ double part[NORM_THREADS / 32];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads(); /* part[] may still be read from a previous call */
+    if (lane == 0) part[wid] = v;
+    __syncthreads();
+    double s = 0;
+    for (int i = 0; i < NORM_THREADS / 32; i++) s += part[i];
+    return s;
+}
+
+__global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(char *y, int64_t ys, const char *x,
+                                                          int64_t xs, const float *__restrict__ w,
+                                                          int64_t C, float eps) {
+    const float *xr = (const float *)(x + (int64_t)blockIdx.x * xs);
+    float *yr = (float *)(y + (int64_t)blockIdx.x * ys);
+    double ss = 0;
+    for (int64_t i = threadIdx.x; i < C; i += NORM_THREADS) ss += (double)xr[i] * xr[i];
+    ss = block_sum_d(ss);
+    const float inv = (float)(1.0 / sqrt(ss / (double)C + eps));
+    for (int64_t i = threadIdx.x; i < C; i += NORM_THREADS) yr[i] = w[i] * (xr[i] * inv);
+}
+
+__device__ __forceinline__ float silu_f(float v) { return v / (1.0f + expf(-v)); }
+
+/* One block per (row, group): g = x * silu(z), then normalised over the group. */
+__global__ void __launch_bounds__(NORM_THREADS) k_gated_rmsnorm(char *y, int64_t ys, const char *x,
+                                                                int64_t xs, const char *z,
+                                                                int64_t zs,
+                                                                const float *__restrict__ w,
+                                                                int64_t group, float eps) {
+    const int64_t t = blockIdx.x, g0 = (int64_t)blockIdx.y * group;
+    const float *xr = (const float *)(x + t * xs) + g0;
+    const float *zr = (const float *)(z + t * zs) + g0;
+    float *yr = (float *)(y + t * ys) + g0;
+    double ss = 0;
+    for (int64_t i = threadIdx.x; i < group; i += NORM_THREADS) {
+        const float g = xr[i] * silu_f(zr[i]);
+        ss += (double)g * g;
+    }
+    ss = block_sum_d(ss);
+    const float inv = (float)(1.0 / sqrt(ss / (double)group + eps));
+    for (int64_t i = threadIdx.x; i < group; i += NORM_THREADS) {
+        const float g = xr[i] * silu_f(zr[i]);
+        yr[i] = w[g0 + i] * (g * inv);
+    }
+}
+
+int cu_rmsnorm(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w, float eps) {
+    cu_ctx *c = cu_ctx_of(b);
+    const int64_t T = x->shape[0];
+    if (T == 0) return CN_OK;
+    k_rmsnorm<<<(unsigned)T, NORM_THREADS, 0, c->stream>>>((char *)y->data, y->stride[0],
+                                                          (const char *)x->data, x->stride[0],
+                                                          (const float *)w->data, x->shape[1], eps);
+    return cu_launch_check("rmsnorm");
+}
+
+int cu_gated_rmsnorm(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *z,
+                     const cn_tensor *w, int group, float eps) {
+    cu_ctx *c = cu_ctx_of(b);
+    const int64_t T = x->shape[0], G = x->shape[1] / group;
+    if (T == 0 || G == 0) return CN_OK;
+    if (G > 65535) return CN_EUNSUPPORTED;
+    dim3 grid((unsigned)T, (unsigned)G);
+    k_gated_rmsnorm<<<grid, NORM_THREADS, 0, c->stream>>>(
+        (char *)y->data, y->stride[0], (const char *)x->data, x->stride[0], (const char *)z->data,
+        z->stride[0], (const float *)w->data, group, eps);
+    return cu_launch_check("gated_rmsnorm");
+}
+
+/* ---------------------------------------------------------------- elementwise */
+
+enum { EW_ADD, EW_MUL, EW_SILU, EW_RELU2, EW_SCALE };
+
+template <int OP>
+__global__ void k_ew(char *y, int64_t ys, const char *a, int64_t as, const char *c, int64_t cs,
+                     float s, int64_t T, int64_t C) {
+    const int64_t n = T * C;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = i / C, j = i % C;
+        const float av = ((const float *)(a + t * as))[j];
+        float r;
+        if (OP == EW_ADD) r = av + ((const float *)(c + t * cs))[j];
+        else if (OP == EW_MUL) r = av * ((const float *)(c + t * cs))[j];
+        else if (OP == EW_SILU) r = silu_f(av);
+        else if (OP == EW_RELU2) {
+            const float p = av > 0.0f ? av : 0.0f;
+            r = p * p;
+        } else r = av * s;
+        ((float *)(y + t * ys))[j] = r;
+    }
+}
+
+template <int OP>
+static int ew_run(cn_backend *b, cn_tensor *y, const cn_tensor *a, const cn_tensor *c, float s) {
+    cu_ctx *ctx = cu_ctx_of(b);
+    const int64_t T = y->shape[0], C = y->shape[1];
+    if (T == 0 || C == 0) return CN_OK;
+    k_ew<OP><<<cu_blocks(T * C, 256), 256, 0, ctx->stream>>>(
+        (char *)y->data, y->stride[0], (const char *)a->data, a->stride[0],
+        c ? (const char *)c->data : NULL, c ? c->stride[0] : 0, s, T, C);
+    return cu_launch_check("elementwise");
+}
+
+int cu_add(cn_backend *b, cn_tensor *y, const cn_tensor *a, const cn_tensor *c) {
+    return ew_run<EW_ADD>(b, y, a, c, 0.0f);
+}
+int cu_mul(cn_backend *b, cn_tensor *y, const cn_tensor *a, const cn_tensor *c) {
+    return ew_run<EW_MUL>(b, y, a, c, 0.0f);
+}
+int cu_silu(cn_backend *b, cn_tensor *y, const cn_tensor *x) {
+    return ew_run<EW_SILU>(b, y, x, NULL, 0.0f);
+}
+int cu_relu2(cn_backend *b, cn_tensor *y, const cn_tensor *x) {
+    return ew_run<EW_RELU2>(b, y, x, NULL, 0.0f);
+}
+int cu_scale(cn_backend *b, cn_tensor *y, const cn_tensor *x, float s) {
+    return ew_run<EW_SCALE>(b, y, x, NULL, s);
+}
+
+/* ---------------------------------------------------------------- conversions */
+
+/* SD -> DD, each a cn_dtype among F32, BF16, F16; rounding to nearest even. */
+template <int DD, int SD>
+__global__ void k_convert(char *d, int64_t ds, const char *s, int64_t ss, int64_t R, int64_t C) {
+    const int64_t n = R * C;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / C, j = i % C;
+        const float v = cu_wval<SD>(s + r * ss, j);
+        char *dr = d + r * ds;
+        if (DD == CN_F32) ((float *)dr)[j] = v;
+        else if (DD == CN_BF16) ((__nv_bfloat16 *)dr)[j] = __float2bfloat16_rn(v);
+        else ((__half *)dr)[j] = __float2half_rn(v);
+    }
+}
+
+int cu_convert(cn_backend *b, cn_tensor *dst, const cn_tensor *src) {
+    cu_ctx *c = cu_ctx_of(b);
+    const int64_t R = dst->shape[0], C = dst->shape[1];
+    const unsigned blocks = cu_blocks(R * C, 256);
+    char *d = (char *)dst->data;
+    const char *s = (const char *)src->data;
+    const int64_t ds = dst->stride[0], ss = src->stride[0];
+    const cn_dtype dd = dst->dtype, sd = src->dtype;
+    if (dd == CN_F32 && sd == CN_BF16)
+        k_convert<CN_F32, CN_BF16><<<blocks, 256, 0, c->stream>>>(d, ds, s, ss, R, C);
+    else if (dd == CN_F32 && sd == CN_F16)
+        k_convert<CN_F32, CN_F16><<<blocks, 256, 0, c->stream>>>(d, ds, s, ss, R, C);
+    else if (dd == CN_BF16 && sd == CN_F32)
+        k_convert<CN_BF16, CN_F32><<<blocks, 256, 0, c->stream>>>(d, ds, s, ss, R, C);
+    else if (dd == CN_F16 && sd == CN_F32)
+        k_convert<CN_F16, CN_F32><<<blocks, 256, 0, c->stream>>>(d, ds, s, ss, R, C);
+    else return CN_EUNSUPPORTED;
+    return cu_launch_check("convert");
+}

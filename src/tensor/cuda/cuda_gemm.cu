@@ -1,0 +1,438 @@
+/* cuda_gemm.cu - y = x W^T (dense and gathered by expert) and the embedding lookup on the GPU.
+ *
+ * Promises: weights are read in their stored dtype and decoded in registers (F8 scaled once per
+ * output, as on the CPU); activations stay fp32. Dense paths, by rows T:
+ *   T <= MM_GEMV_ROWS          a warp per weight row, all T rows at once (decode: weights read once)
+ *   F32 weights, larger T      cublasSgemm (fp32, no TF32)
+ *   BF16 weights, T >= 32      cublasGemmEx on tensor cores, once per bf16 term of x split in
+ *                              three (cuda_impl.h (4): as accurate as an fp32 GEMM)
+ *   otherwise                  a tiled SIMT kernel (64x64 tiles, fp32 FMA)
+ * The gathered matmul sorts rows by expert on the device (counting sort, one block) into tiles of
+ * one expert each and runs the tiled kernel over them; every output row is computed by one thread
+ * group in a fixed order, so results do not depend on the order rows land in a tile.
+ * Index tensors are checked on the device before anything is written; the op then waits for the
+ * verdict and returns CN_EINVAL with nothing written (cuda_impl.h (1)).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "tensor/cuda/cuda_impl.h"
+
+#define MM_GEMV_ROWS 8 /* x rows the warp-per-weight-row kernel takes */
+#define MM_TN 64       /* weight rows per tile */
+#define MM_TK 16       /* k per step of the tiled kernel */
+#define MM_THREADS 256
+#define MM_SPLIT 3     /* bf16 terms of an fp32 activation for tensor-core GEMMs */
+
+/* ---------------------------------------------------------------- GEMV: warp per weight row */
+
+/* y[t][n] = scale * dot(W[n], x[t]) for t < T (<= MM_GEMV_ROWS). Lanes walk k in steps of 32. */
+template <int DT>
+__global__ void __launch_bounds__(256) k_gemv(const char *__restrict__ w, int64_t ws, float scale,
+                                              const char *__restrict__ x, int64_t xs,
+                                              char *__restrict__ y, int64_t ys, int T, int64_t K,
+                                              int64_t N) {
+    const int lane = threadIdx.x & 31;
+    const int64_t n = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (n >= N) return;
+    const char *wr = w + n * ws;
+    float acc[MM_GEMV_ROWS];
+#pragma unroll
+    for (int t = 0; t < MM_GEMV_ROWS; t++) acc[t] = 0.0f;
+    for (int64_t k = lane; k < K; k += 32) {
+        const float wv = cu_wval<DT>(wr, k);
+#pragma unroll
+        for (int t = 0; t < MM_GEMV_ROWS; t++)
+            if (t < T) acc[t] = fmaf(wv, ((const float *)(x + t * xs))[k], acc[t]);
+    }
+#pragma unroll
+    for (int t = 0; t < MM_GEMV_ROWS; t++) {
+        if (t >= T) break;
+        const float s = cu_warp_sum(acc[t]);
+        if (lane == 0) ((float *)(y + t * ys))[n] = s * scale;
+    }
+}
+
+/* ---------------------------------------------------------------- tiled SIMT GEMM */
+
+typedef struct mm_args {
+    const char *x;
+    int64_t xs;
+    char *y;
+    int64_t ys;
+    int64_t K, N;
+    int64_t rows;          /* dense: T */
+    cu_wexp dense;         /* dense weight (table == NULL) */
+    const cu_wexp *table;  /* gather: experts */
+    const cu_tile *tiles;  /* gather: tiles of one expert each */
+    const int *n_tiles;    /* gather: how many tiles (device) */
+    const int *order;      /* gather: output rows sorted by expert */
+    int k;                 /* gather: ids per token */
+    int x_per_token;       /* gather: x has T rows (x row = r / k) */
+} mm_args;
+
+/* A TM x MM_TN tile of y; 256 threads, each TM/16 x 4 outputs. */
+template <int DT, int TM>
+__global__ void __launch_bounds__(MM_THREADS) k_mm_tiled(mm_args a) {
+    __shared__ float xs_[MM_TK][TM + 4];
+    __shared__ float ws_[MM_TK][MM_TN + 4];
+    __shared__ int64_t xrow_[TM], yrow_[TM];
+    constexpr int RI = TM / 16;
+    const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;
+    const int64_t n0 = (int64_t)blockIdx.x * MM_TN;
+    cu_wexp w;
+    int begin, end;
+    if (a.tiles) {
+        if ((int)blockIdx.y >= *a.n_tiles) return;
+        const cu_tile tl = a.tiles[blockIdx.y];
+        w = a.table[tl.expert];
+        begin = tl.begin;
+        end = tl.end;
+    } else {
+        w = a.dense;
+        begin = (int)blockIdx.y * TM;
+        end = (int)(begin + TM < a.rows ? begin + TM : a.rows);
+    }
+    const int nr = end - begin;
+    if (tid < TM) {
+        int64_t xr = -1, yr = -1;
+        if (tid < nr) {
+            if (a.order) {
+                const int r = a.order[begin + tid];
+                yr = r;
+                xr = a.x_per_token ? r / a.k : r;
+            } else {
+                xr = yr = begin + tid;
+            }
+        }
+        xrow_[tid] = xr;
+        yrow_[tid] = yr;
+    }
+    __syncthreads();
+    float acc[RI][4];
+#pragma unroll
+    for (int i = 0; i < RI; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
+    for (int64_t k0 = 0; k0 < a.K; k0 += MM_TK) {
+        for (int idx = tid; idx < TM * MM_TK; idx += MM_THREADS) {
+            const int i = idx / MM_TK, kk = idx % MM_TK;
+            const int64_t xr = xrow_[i], k = k0 + kk;
+            xs_[kk][i] = (xr >= 0 && k < a.K) ? ((const float *)(a.x + xr * a.xs))[k] : 0.0f;
+        }
+        for (int idx = tid; idx < MM_TN * MM_TK; idx += MM_THREADS) {
+            const int n = idx / MM_TK, kk = idx % MM_TK;
+            const int64_t k = k0 + kk;
+            ws_[kk][n] = (n0 + n < a.N && k < a.K) ? cu_wval<DT>(w.data + (n0 + n) * w.stride, k)
+                                                   : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < MM_TK; kk++) {
+            float xv[RI], wv[4];
+#pragma unroll
+            for (int i = 0; i < RI; i++) xv[i] = xs_[kk][ty + 16 * i];
+#pragma unroll
+            for (int j = 0; j < 4; j++) wv[j] = ws_[kk][tx + 16 * j];
+#pragma unroll
+            for (int i = 0; i < RI; i++)
+#pragma unroll
+                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(xv[i], wv[j], acc[i][j]);
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < RI; i++) {
+        const int64_t yr = yrow_[ty + 16 * i];
+        if (yr < 0) continue;
+        float *yp = (float *)(a.y + yr * a.ys);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int64_t n = n0 + tx + 16 * j;
+            if (n < a.N) yp[n] = acc[i][j] * w.scale;
+        }
+    }
+}
+
+template <int DT>
+static int launch_tiled(cu_ctx *c, const mm_args &a, int tm, unsigned n_row_tiles) {
+    dim3 grid((unsigned)((a.N + MM_TN - 1) / MM_TN), n_row_tiles);
+    if (tm == 16) k_mm_tiled<DT, 16><<<grid, MM_THREADS, 0, c->stream>>>(a);
+    else k_mm_tiled<DT, 64><<<grid, MM_THREADS, 0, c->stream>>>(a);
+    return cu_launch_check("matmul (tiled)");
+}
+
+/* ---------------------------------------------------------------- dense */
+
+/* x (fp32 rows) -> three bf16 terms, [3][T, K] packed: x = t0 + t1 + t2 + O(2^-27 |x|). Each
+ * remainder is exact in fp32, so the three products summed in fp32 give an fp32-accurate GEMM. */
+__global__ void k_split_bf16(const char *__restrict__ x, int64_t xs, __nv_bfloat16 *__restrict__ out,
+                             int64_t T, int64_t K) {
+    const int64_t n = T * K;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = i / K, k = i % K;
+        float v = ((const float *)(x + t * xs))[k];
+#pragma unroll
+        for (int j = 0; j < MM_SPLIT; j++) {
+            const __nv_bfloat16 h = __float2bfloat16_rn(v);
+            out[j * n + i] = h;
+            v -= __bfloat162float(h);
+        }
+    }
+}
+
+static int blas_rc(cublasStatus_t s, const char *what) {
+    if (s == CUBLAS_STATUS_SUCCESS) return CN_OK;
+    cn_error("cuda: %s: %s", what, cublasGetStatusString(s));
+    return s == CUBLAS_STATUS_ALLOC_FAILED ? CN_ENOMEM : CN_EIO;
+}
+
+static int matmul_bf16_split(cu_ctx *c, cn_tensor *y, const cn_tensor *w, const cn_tensor *x) {
+    const int64_t T = x->shape[0], K = x->shape[1], N = w->shape[0];
+    __nv_bfloat16 *terms =
+        (__nv_bfloat16 *)cu_scratch(c, (size_t)(MM_SPLIT * T * K) * sizeof(__nv_bfloat16));
+    if (!terms) return CN_ENOMEM;
+    k_split_bf16<<<cu_blocks(T * K, 256), 256, 0, c->stream>>>((const char *)x->data, x->stride[0],
+                                                               terms, T, K);
+    int rc = cu_launch_check("matmul split");
+    const float one = 1.0f, zero = 0.0f;
+    for (int j = 0; j < MM_SPLIT && !rc; j++)
+        rc = blas_rc(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)T, (int)K, &one,
+                                  w->data, CUDA_R_16BF, (int)(w->stride[0] / 2), terms + j * T * K,
+                                  CUDA_R_16BF, (int)K, j ? &one : &zero, y->data, CUDA_R_32F,
+                                  (int)(y->stride[0] / 4), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                     "cublasGemmEx (bf16)");
+    return rc;
+}
+
+int cu_matmul(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor *x) {
+    cu_ctx *c = cu_ctx_of(b);
+    const int64_t T = x->shape[0], K = x->shape[1], N = w->shape[0];
+    if (T == 0 || N == 0) return CN_OK;
+    const float scale = w->dtype == CN_F8_E4M3 ? w->scale : 1.0f;
+    const int big = K <= INT32_MAX && N <= INT32_MAX && T <= INT32_MAX;
+    if (T <= MM_GEMV_ROWS) {
+        const unsigned blocks = (unsigned)((N + 7) / 8);
+        CU_DISPATCH_W(w->dtype, (k_gemv<DT><<<blocks, 256, 0, c->stream>>>(
+                                    (const char *)w->data, w->stride[0], scale,
+                                    (const char *)x->data, x->stride[0], (char *)y->data,
+                                    y->stride[0], (int)T, K, N)));
+        return cu_launch_check("matmul (gemv)");
+    }
+    if (w->dtype == CN_F32 && big) {
+        const float one = 1.0f, zero = 0.0f;
+        return blas_rc(cublasSgemm(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)T, (int)K, &one,
+                                   (const float *)w->data, (int)(w->stride[0] / 4),
+                                   (const float *)x->data, (int)(x->stride[0] / 4), &zero,
+                                   (float *)y->data, (int)(y->stride[0] / 4)),
+                       "cublasSgemm");
+    }
+    if (w->dtype == CN_BF16 && T >= 32 && big) return matmul_bf16_split(c, y, w, x);
+    mm_args a;
+    memset(&a, 0, sizeof a);
+    a.x = (const char *)x->data;
+    a.xs = x->stride[0];
+    a.y = (char *)y->data;
+    a.ys = y->stride[0];
+    a.K = K;
+    a.N = N;
+    a.rows = T;
+    a.dense.data = (const char *)w->data;
+    a.dense.stride = w->stride[0];
+    a.dense.scale = scale;
+    const int tm = T <= 16 ? 16 : 64;
+    const unsigned tiles = (unsigned)((T + tm - 1) / tm);
+    CU_DISPATCH_W(w->dtype, return launch_tiled<DT>(c, a, tm, tiles));
+    return CN_OK;
+}
+
+/* ---------------------------------------------------------------- gathered by expert */
+
+/* One block: checks ids, counts rows per expert, lays out tiles of <= tm rows of one expert and
+ * the rows' order. On a bad id: *flag = 1 and no tiles (the compute kernel then writes nothing). */
+__global__ void __launch_bounds__(1024) k_gather_prep(const char *__restrict__ ids, int64_t ids_stride,
+                                                      int T, int k, int n_w, int tm, int *flag,
+                                                      int *cnt /* [2 * n_w] */, int *order,
+                                                      cu_tile *tiles, int *n_tiles) {
+    int *fill = cnt + n_w;
+    const int rows = T * k;
+    for (int e = threadIdx.x; e < n_w; e += blockDim.x) {
+        cnt[e] = 0;
+        fill[e] = 0;
+    }
+    __syncthreads();
+    int bad = 0;
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+        const int e = ((const int32_t *)(ids + (int64_t)(r / k) * ids_stride))[r % k];
+        if (e < 0 || e >= n_w) bad = 1;
+        else atomicAdd(&cnt[e], 1);
+    }
+    if (__syncthreads_or(bad)) {
+        if (threadIdx.x == 0) {
+            *flag = 1;
+            *n_tiles = 0;
+        }
+        return;
+    }
+    if (threadIdx.x == 0) { /* exclusive scan into fill (next free slot), tiles in expert order */
+        int s = 0, nt = 0;
+        for (int e = 0; e < n_w; e++) {
+            const int ce = cnt[e];
+            for (int p = s; p < s + ce; p += tm) {
+                tiles[nt].expert = e;
+                tiles[nt].begin = p;
+                tiles[nt].end = p + tm < s + ce ? p + tm : s + ce;
+                nt++;
+            }
+            fill[e] = s;
+            s += ce;
+        }
+        *n_tiles = nt;
+    }
+    __syncthreads();
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+        const int e = ((const int32_t *)(ids + (int64_t)(r / k) * ids_stride))[r % k];
+        order[atomicAdd(&fill[e], 1)] = r;
+    }
+}
+
+/* The device table of an expert list, built once per list (weights never move after load). */
+static const cu_wexp *expert_table(cu_ctx *c, const cn_tensor *const *w, int n_w, int *rc) {
+    for (int i = 0; i < c->n_tabs; i++) {
+        cu_wtab *t = &c->tabs[i];
+        if (t->key != w || t->n_w != n_w) continue;
+        int same = 1;
+        for (int e = 0; e < n_w && same; e++) same = t->host_ptrs[e] == w[e]->data;
+        if (same) return (const cu_wexp *)t->dev;
+    }
+    if (c->n_tabs == c->cap_tabs) {
+        int cap = c->cap_tabs ? 2 * c->cap_tabs : 16;
+        cu_wtab *p = (cu_wtab *)realloc(c->tabs, (size_t)cap * sizeof *p);
+        if (!p) {
+            *rc = CN_ENOMEM;
+            return NULL;
+        }
+        c->tabs = p;
+        c->cap_tabs = cap;
+    }
+    cu_wexp *host = (cu_wexp *)malloc((size_t)n_w * sizeof *host);
+    const void **ptrs = (const void **)malloc((size_t)n_w * sizeof *ptrs);
+    void *dev = NULL;
+    if (!host || !ptrs) {
+        free(host);
+        free(ptrs);
+        *rc = CN_ENOMEM;
+        return NULL;
+    }
+    for (int e = 0; e < n_w; e++) {
+        host[e].data = (const char *)w[e]->data;
+        host[e].stride = w[e]->stride[0];
+        host[e].scale = w[e]->dtype == CN_F8_E4M3 ? w[e]->scale : 1.0f;
+        ptrs[e] = w[e]->data;
+    }
+    *rc = cu_check(cudaMalloc(&dev, (size_t)n_w * sizeof *host), "expert table");
+    if (!*rc)
+        *rc = cu_check(cudaMemcpy(dev, host, (size_t)n_w * sizeof *host, cudaMemcpyHostToDevice),
+                       "expert table upload");
+    free(host);
+    if (*rc) {
+        cudaFree(dev);
+        free(ptrs);
+        return NULL;
+    }
+    cu_wtab *t = &c->tabs[c->n_tabs++];
+    t->key = w;
+    t->n_w = n_w;
+    t->host_ptrs = ptrs;
+    t->dev = dev;
+    return (const cu_wexp *)dev;
+}
+
+int cu_matmul_gather(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, int n_w,
+                     const cn_tensor *x, const cn_tensor *ids) {
+    cu_ctx *c = cu_ctx_of(b);
+    const int64_t T = ids->shape[0], k = ids->shape[1], rows = T * k;
+    if (rows == 0 || y->shape[1] == 0) return CN_OK;
+    if (rows > INT32_MAX / 4 || n_w > (1 << 20)) return CN_EINVAL;
+    const cn_dtype dt = w[0]->dtype;
+    for (int e = 1; e < n_w; e++)
+        if (w[e]->dtype != dt) return CN_EUNSUPPORTED; /* one kernel per call: one dtype */
+    int rc = CN_OK;
+    const cu_wexp *table = expert_table(c, w, n_w, &rc);
+    if (!table) return rc;
+    const int tm = rows <= 2 * (int64_t)n_w ? 16 : 64;
+    const int64_t max_tiles = (rows + tm - 1) / tm + n_w;
+    if (max_tiles > 65535) return CN_EUNSUPPORTED;
+    /* scratch: cnt [2 n_w], n_tiles [1], order [rows], tiles [max_tiles] */
+    size_t n_int = (size_t)(2 * n_w + 1) + (size_t)rows;
+    n_int = (n_int + 3) & ~(size_t)3;
+    char *mem = (char *)cu_scratch(c, n_int * sizeof(int) + (size_t)max_tiles * sizeof(cu_tile));
+    if (!mem) return CN_ENOMEM;
+    int *cnt = (int *)mem, *n_tiles = cnt + 2 * n_w, *order = n_tiles + 1;
+    cu_tile *tiles = (cu_tile *)(mem + n_int * sizeof(int));
+    if ((rc = cu_flag_reset(c))) return rc;
+    k_gather_prep<<<1, 1024, 0, c->stream>>>((const char *)ids->data, ids->stride[0], (int)T, (int)k,
+                                             n_w, tm, c->flag_dev, cnt, order, tiles, n_tiles);
+    if ((rc = cu_launch_check("gather prep"))) return rc;
+    mm_args a;
+    memset(&a, 0, sizeof a);
+    a.x = (const char *)x->data;
+    a.xs = x->stride[0];
+    a.y = (char *)y->data;
+    a.ys = y->stride[0];
+    a.K = x->shape[1];
+    a.N = y->shape[1];
+    a.table = table;
+    a.tiles = tiles;
+    a.n_tiles = n_tiles;
+    a.order = order;
+    a.k = (int)k;
+    a.x_per_token = x->shape[0] == T;
+    CU_DISPATCH_W(dt, rc = launch_tiled<DT>(c, a, tm, (unsigned)max_tiles));
+    if (rc) return rc;
+    int flag = 0;
+    if ((rc = cu_flag_read(c, &flag))) return rc;
+    return flag ? CN_EINVAL : CN_OK;
+}
+
+/* ---------------------------------------------------------------- embedding lookup */
+
+__global__ void k_ids_check(const int32_t *__restrict__ ids, int64_t n, int64_t limit, int *flag) {
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        if (ids[i] < 0 || ids[i] >= limit) *flag = 1;
+}
+
+template <int DT>
+__global__ void k_get_rows(const char *__restrict__ table, int64_t ts, float scale,
+                           const int32_t *__restrict__ ids, char *__restrict__ y, int64_t ys,
+                           int64_t H, const int *flag) {
+    if (*flag) return;
+    const int64_t t = blockIdx.x;
+    const char *src = table + (int64_t)ids[t] * ts;
+    float *dst = (float *)(y + t * ys);
+    for (int64_t i = threadIdx.x; i < H; i += blockDim.x)
+        dst[i] = DT == CN_F32 ? cu_wval<DT>(src, i) : cu_wval<DT>(src, i) * scale;
+}
+
+int cu_get_rows(cn_backend *b, cn_tensor *y, const cn_tensor *table, const cn_tensor *ids) {
+    cu_ctx *c = cu_ctx_of(b);
+    const int64_t T = y->shape[0], H = y->shape[1], V = table->shape[0];
+    if (T == 0) return CN_OK;
+    if (T > INT32_MAX) return CN_EINVAL;
+    const float scale = table->dtype == CN_F8_E4M3 ? table->scale : 1.0f;
+    int rc = cu_flag_reset(c);
+    if (rc) return rc;
+    k_ids_check<<<cu_blocks(T, 256), 256, 0, c->stream>>>((const int32_t *)ids->data, T, V,
+                                                          c->flag_dev);
+    if ((rc = cu_launch_check("get_rows check"))) return rc;
+    CU_DISPATCH_W(table->dtype,
+                  (k_get_rows<DT><<<(unsigned)T, 256, 0, c->stream>>>(
+                      (const char *)table->data, table->stride[0], scale,
+                      (const int32_t *)ids->data, (char *)y->data, y->stride[0], H, c->flag_dev)));
+    if ((rc = cu_launch_check("get_rows"))) return rc;
+    int flag = 0;
+    if ((rc = cu_flag_read(c, &flag))) return rc;
+    return flag ? CN_EINVAL : CN_OK;
+}

@@ -1,0 +1,167 @@
+/* cuda_impl.h - private to src/tensor/cuda: the CUDA backend's context, helpers shared by its .cu
+ * files (error mapping, launch checks, device scratch, weight loads) and the op entry points that
+ * cuda_backend.cu puts in the iface table.
+ *
+ * Invariants:
+ *  (1) Every op queues its kernels on ctx->stream and returns without waiting, except the ops that
+ *      take index tensors (get_rows, matmul_gather): they check the ids on the device, kernels that
+ *      write skip all writes when a check failed, and the op waits for the 4-byte verdict so that
+ *      it can return CN_EINVAL with nothing written (backend.h's contract).
+ *  (2) `scratch` is device memory owned by the context; it is only grown between ops, after the
+ *      stream is idle (cudaFree synchronizes), so a queued kernel never sees it freed.
+ *  (3) Weights uploaded by the `weight` hook are listed in `weights` and freed with the backend.
+ *  (4) Sums are fp32 (norm sums of squares in double, as on the CPU); no TF32 and no fast-math
+ *      intrinsics, so results differ from the CPU backend by rounding order only. BF16 GEMMs on
+ *      tensor cores split each fp32 activation into three bf16 terms (x = t0 + t1 + t2 up to
+ *      2^-27 |x|) and sum the three products in fp32: fp32 accuracy at 3x the tensor-core work.
+ */
+#ifndef CN_CUDA_IMPL_H
+#define CN_CUDA_IMPL_H
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "base/error.h"
+#include "base/log.h"
+#include "tensor/backend_impl.h"
+#include "tensor/cuda/cuda_backend.h"
+}
+
+/* A device table of the experts of one matmul_gather weight list, cached by the host array. */
+typedef struct cu_wtab {
+    const cn_tensor *const *key; /* the caller's array (weights never move after load) */
+    int n_w;
+    const void **host_ptrs;      /* data pointers when built, to notice a changed array */
+    void *dev;                   /* cu_wexp[n_w] on the device */
+} cu_wtab;
+
+/* One expert as the gather kernels see it. */
+typedef struct cu_wexp {
+    const char *data;
+    int64_t stride; /* bytes per row */
+    float scale;
+} cu_wexp;
+
+typedef struct cu_ctx {
+    int device;
+    int n_sm;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    int *flag_dev;  /* device-side verdict of an ids check (invariant 1) */
+    int *flag_host; /* pinned copy */
+    void *scratch;  /* invariant 2 */
+    size_t scratch_cap;
+    void **weights; /* invariant 3 */
+    int n_weights, cap_weights;
+    cu_wtab *tabs;
+    int n_tabs, cap_tabs;
+} cu_ctx;
+
+/* The context, with the backend's device made current for the calling thread (cheap when it
+ * already is), so a backend on cuda:N works from any thread. */
+static inline cu_ctx *cu_ctx_of(cn_backend *b) {
+    cu_ctx *c = (cu_ctx *)b->ctx;
+    cudaSetDevice(c->device);
+    return c;
+}
+
+/* Maps a CUDA error to a CN code and logs it (with `what`); cudaSuccess -> CN_OK. */
+int cu_check(cudaError_t e, const char *what);
+/* The launch status of the last kernel (cudaGetLastError), mapped as cu_check. */
+int cu_launch_check(const char *what);
+/* Device scratch of at least `bytes` (256-byte aligned), or NULL (invariant 2). */
+void *cu_scratch(cu_ctx *c, size_t bytes);
+/* Resets the ids-check flag (queued), and reads it back after the queued work (waits). */
+int cu_flag_reset(cu_ctx *c);
+int cu_flag_read(cu_ctx *c, int *flag);
+
+/* Row r of a 2D tensor. */
+static inline float *cu_row(const cn_tensor *t, int64_t r) {
+    return (float *)((char *)t->data + r * t->stride[0]);
+}
+
+/* Grid size for n items at `per` items per block, capped: only for grid-stride loops. */
+static inline unsigned cu_blocks(int64_t n, int per) {
+    int64_t b = (n + per - 1) / per;
+    if (b < 1) b = 1;
+    return b > 65535 * 16 ? 65535u * 16u : (unsigned)b;
+}
+
+/* ---- device helpers ---- */
+
+/* One weight value of dtype DT as f32 (not scaled). DT is a cn_dtype. */
+template <int DT>
+__device__ __forceinline__ float cu_wval(const char *row, int64_t k) {
+    if (DT == CN_BF16) return __bfloat162float(((const __nv_bfloat16 *)row)[k]);
+    if (DT == CN_F16) return __half2float(((const __half *)row)[k]);
+    if (DT == CN_F8_E4M3) {
+        /* e4m3fn: sign, 4 exponent bits (bias 7), 3 mantissa bits; 0x7f/0xff NaN */
+        unsigned v = ((const unsigned char *)row)[k];
+        unsigned e = (v >> 3) & 0xfu, m = v & 0x7u;
+        float r;
+        if (e == 0xf && m == 0x7) r = __int_as_float(0x7fc00000);
+        else if (e == 0) r = (float)m * 0.001953125f; /* m * 2^-9 */
+        else r = __int_as_float((int)(((e + 120u) << 23) | (m << 20)));
+        return (v & 0x80u) ? -r : r;
+    }
+    return ((const float *)row)[k];
+}
+
+__device__ __forceinline__ float cu_warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float cu_warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Calls F.template operator()<DT>() for a weight dtype; returns CN_EUNSUPPORTED for others. */
+#define CU_DISPATCH_W(dtype, CALL)                                  \
+    switch (dtype) {                                                \
+    case CN_F32: { constexpr int DT = CN_F32; CALL; } break;        \
+    case CN_BF16: { constexpr int DT = CN_BF16; CALL; } break;      \
+    case CN_F16: { constexpr int DT = CN_F16; CALL; } break;        \
+    case CN_F8_E4M3: { constexpr int DT = CN_F8_E4M3; CALL; } break; \
+    default: return CN_EUNSUPPORTED;                                \
+    }
+
+/* ---- ops (iface members) ---- */
+int cu_matmul(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor *x);
+int cu_matmul_gather(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, int n_w,
+                     const cn_tensor *x, const cn_tensor *ids);
+int cu_get_rows(cn_backend *b, cn_tensor *y, const cn_tensor *table, const cn_tensor *ids);
+int cu_rmsnorm(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w, float eps);
+int cu_gated_rmsnorm(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *z,
+                     const cn_tensor *w, int group, float eps);
+int cu_conv1d(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w,
+              const cn_tensor *bias, cn_tensor *state);
+int cu_ssm_scan(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
+                const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a, cn_tensor *state);
+int cu_attention(cn_backend *b, cn_tensor *out, const cn_tensor *q, const cn_tensor *kc,
+                 const cn_tensor *vc, int n_past, int n_heads, int n_kv_heads, float scale);
+int cu_moe_route(cn_backend *b, cn_tensor *ids, cn_tensor *weights, const cn_tensor *logits,
+                 const cn_tensor *bias, const cn_route_args *a);
+int cu_moe_combine(cn_backend *b, cn_tensor *y, const cn_tensor *rows, const cn_tensor *weights);
+int cu_add(cn_backend *b, cn_tensor *y, const cn_tensor *a, const cn_tensor *c);
+int cu_mul(cn_backend *b, cn_tensor *y, const cn_tensor *a, const cn_tensor *c);
+int cu_silu(cn_backend *b, cn_tensor *y, const cn_tensor *x);
+int cu_relu2(cn_backend *b, cn_tensor *y, const cn_tensor *x);
+int cu_scale(cn_backend *b, cn_tensor *y, const cn_tensor *x, float s);
+/* dst = src converted, 2D with row strides: F32 <-> BF16/F16 (cuda_elementwise.cu). */
+int cu_convert(cn_backend *b, cn_tensor *dst, const cn_tensor *src);
+
+/* Shared by matmul and matmul_gather (cuda_gemm.cu): the tiled SIMT GEMM over a list of tiles. */
+typedef struct cu_tile {
+    int expert; /* index into the expert table (0 for a dense matmul) */
+    int begin, end; /* positions in `order` (gather) or rows (dense) */
+} cu_tile;
+
+#endif

@@ -1,0 +1,138 @@
+/* cuda_moe.cu - the MoE router and the weighted combination of expert rows on the GPU.
+ *
+ * Promises: routing follows the CPU backend step for step (cpu_moe.c): sigmoid scores in parallel,
+ * then one thread per token ranks by biased score, ties to the lower index, with the same group
+ * limiting and renormalisation; only expf's last-bit differences between the two libraries can
+ * change a choice, on exact near-ties. combine sums the k rows in order j = 0..k-1 like the CPU.
+ */
+#include <math.h>
+#include <stdint.h>
+
+#include "tensor/cuda/cuda_impl.h"
+
+#define ROUTE_THREADS 128
+
+typedef struct route_args {
+    char *ids;
+    int64_t ids_s;
+    char *wt;
+    int64_t wt_s;
+    const char *logits;
+    int64_t ls;
+    const float *bias;
+    int E, K, n_group, topk_group, norm_topk;
+    float scaling;
+} route_args;
+
+__device__ int best_expert(const float *sel, const uint8_t *taken, const uint8_t *excluded, int E,
+                           int pass) {
+    int best = -1;
+    for (int e = 0; e < E; e++) {
+        if (taken[e] || excluded[e] != pass) continue;
+        if (best < 0 || sel[e] > sel[best]) best = e;
+    }
+    return best;
+}
+
+__global__ void __launch_bounds__(ROUTE_THREADS) k_route(route_args a) {
+    extern __shared__ float sh[];
+    const int E = a.E, n_group = a.n_group > 1 ? a.n_group : 1;
+    float *s = sh, *sel = s + E, *gscore = sel + E;
+    uint8_t *taken = (uint8_t *)(gscore + n_group), *excluded = taken + E, *gtaken = excluded + E;
+    const int64_t t = blockIdx.x;
+    const float *lg = (const float *)(a.logits + t * a.ls);
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        s[e] = 1.0f / (1.0f + expf(-lg[e]));
+        sel[e] = a.bias ? s[e] + a.bias[e] : s[e];
+        taken[e] = 0;
+        excluded[e] = 0;
+    }
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    int32_t *id = (int32_t *)(a.ids + t * a.ids_s);
+    float *wt = (float *)(a.wt + t * a.wt_s);
+    if (n_group > 1) {
+        const int gs = E / n_group;
+        for (int g = 0; g < n_group; g++) { /* sum of the group's top two */
+            const float *v = sel + g * gs;
+            int i1 = 0;
+            for (int e = 1; e < gs; e++)
+                if (v[e] > v[i1]) i1 = e;
+            int i2 = -1;
+            for (int e = 0; e < gs; e++)
+                if (e != i1 && (i2 < 0 || v[e] > v[i2])) i2 = e;
+            gscore[g] = i2 < 0 ? v[i1] : v[i1] + v[i2];
+            gtaken[g] = 0;
+        }
+        for (int r = 0; r < a.topk_group; r++) {
+            int best = -1;
+            for (int g = 0; g < n_group; g++)
+                if (!gtaken[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
+            gtaken[best] = 1;
+        }
+        for (int e = 0; e < E; e++) excluded[e] = !gtaken[e / gs];
+    }
+    for (int j = 0; j < a.K; j++) {
+        int e = best_expert(sel, taken, excluded, E, 0);
+        if (e < 0) e = best_expert(sel, taken, excluded, E, 1);
+        taken[e] = 1;
+        id[j] = e;
+        wt[j] = s[e];
+    }
+    if (a.norm_topk) {
+        float sum = 0;
+        for (int j = 0; j < a.K; j++) sum += wt[j];
+        for (int j = 0; j < a.K; j++) wt[j] /= sum + 1e-20f;
+    }
+    for (int j = 0; j < a.K; j++) wt[j] *= a.scaling;
+}
+
+int cu_moe_route(cn_backend *b, cn_tensor *ids, cn_tensor *weights, const cn_tensor *logits,
+                 const cn_tensor *bias, const cn_route_args *ra) {
+    cu_ctx *c = cu_ctx_of(b);
+    const int64_t T = logits->shape[0];
+    const int E = (int)logits->shape[1];
+    const int n_group = ra->n_group > 1 ? ra->n_group : 1;
+    if (T == 0) return CN_OK;
+    const size_t smem = (size_t)(2 * E + n_group) * sizeof(float) + (size_t)(2 * E + n_group);
+    if (smem > 48 * 1024) return CN_EUNSUPPORTED;
+    route_args a;
+    a.ids = (char *)ids->data;
+    a.ids_s = ids->stride[0];
+    a.wt = (char *)weights->data;
+    a.wt_s = weights->stride[0];
+    a.logits = (const char *)logits->data;
+    a.ls = logits->stride[0];
+    a.bias = bias ? (const float *)bias->data : NULL;
+    a.E = E;
+    a.K = ra->top_k;
+    a.n_group = ra->n_group;
+    a.topk_group = ra->topk_group;
+    a.norm_topk = ra->norm_topk;
+    a.scaling = ra->scaling;
+    k_route<<<(unsigned)T, ROUTE_THREADS, smem, c->stream>>>(a);
+    return cu_launch_check("moe_route");
+}
+
+__global__ void k_combine(char *y, int64_t ys, const char *rows, int64_t rs, const char *w,
+                          int64_t ws, int64_t T, int64_t H, int k) {
+    const int64_t n = T * H;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = i / H, h = i % H;
+        const float *wr = (const float *)(w + t * ws);
+        float acc = 0.0f;
+        for (int j = 0; j < k; j++) acc += wr[j] * ((const float *)(rows + (t * k + j) * rs))[h];
+        ((float *)(y + t * ys))[h] = acc;
+    }
+}
+
+int cu_moe_combine(cn_backend *b, cn_tensor *y, const cn_tensor *rows, const cn_tensor *weights) {
+    cu_ctx *c = cu_ctx_of(b);
+    const int64_t T = y->shape[0], H = y->shape[1];
+    if (T == 0 || H == 0) return CN_OK;
+    k_combine<<<cu_blocks(T * H, 256), 256, 0, c->stream>>>(
+        (char *)y->data, y->stride[0], (const char *)rows->data, rows->stride[0],
+        (const char *)weights->data, weights->stride[0], T, H, (int)weights->shape[1]);
+    return cu_launch_check("moe_combine");
+}

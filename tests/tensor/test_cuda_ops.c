@@ -1,0 +1,534 @@
+/* test_cuda_ops.c - every CUDA backend op against the CPU backend on the same random inputs.
+ *
+ * Needs a GPU: built only with CAIRN_CUDA, labelled `gpu`, run by `make test-cuda` and never by
+ * `make test`. Activations are column views of wider buffers (rows strided, first column
+ * misaligned) and the padding around every CUDA output is checked to be untouched. Tolerances are
+ * max |cuda - cpu| relative to max |cpu|, per op:
+ *   matmul / matmul_gather, every weight dtype and path     2e-5  (fp32 sums in another order;
+ *     the bf16 tensor-core path splits x in three bf16 terms, so it is as exact as fp32)
+ *   ssm_scan, attention (online softmax)                    2e-5
+ *   rmsnorm, gated_rmsnorm, conv1d, moe_combine, elementwise 2e-6
+ *   get_rows, copy conversions, routing ids                 exact
+ * Bad ids give CN_EINVAL with the output untouched (checked on the device, see cuda_impl.h (1)).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/fp.h"
+#include "tensor/backend.h"
+#include "tensor/backends.h"
+#include "test_util.h"
+
+#define SENTINEL 12345.0f
+#define TOL_MM 2e-5
+#define TOL_EW 2e-6
+
+static cn_backend *g_cpu, *g_cu;
+static uint64_t g_rng = 0x243f6a8885a308d3ull;
+
+static float unif(float lo, float hi) {
+    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return lo + (hi - lo) * (float)((z >> 40) * (1.0 / 16777216.0));
+}
+
+/* ---------------------------------------------------------------- tensors on both backends */
+
+/* An F32 activation [T, C] inside a buffer [T, C + pad] from column `off`, on both backends. */
+typedef struct pv {
+    cn_tensor cp, gp; /* parents */
+    cn_tensor c, g;   /* views */
+    int64_t T, C, W, off;
+} pv;
+
+static pv pv_make(int64_t T, int64_t C, int64_t pad, float lo, float hi) {
+    pv v = {.T = T, .C = C, .W = C + pad, .off = pad > 0 ? 1 : 0};
+    float *buf = malloc((size_t)(T * v.W + 1) * sizeof(float));
+    assert_non_null(buf);
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t c = 0; c < v.W; c++)
+            buf[t * v.W + c] = (c >= v.off && c < v.off + C) ? unif(lo, hi) : SENTINEL;
+    v.cp = cn_tensor_2d(CN_F32, T, v.W, NULL);
+    v.gp = v.cp;
+    assert_int_equal(cn_backend_alloc(g_cpu, &v.cp), 0);
+    assert_int_equal(cn_backend_alloc(g_cu, &v.gp), 0);
+    uint64_t n = (uint64_t)(T * v.W) * sizeof(float);
+    assert_int_equal(cn_backend_upload(g_cpu, &v.cp, 0, buf, n), 0);
+    assert_int_equal(cn_backend_upload(g_cu, &v.gp, 0, buf, n), 0);
+    free(buf);
+    v.c = cn_tensor_cols(&v.cp, v.off, C);
+    v.g = cn_tensor_cols(&v.gp, v.off, C);
+    return v;
+}
+
+static void pv_free(pv *v) {
+    cn_backend_release(g_cpu, &v->cp);
+    cn_backend_release(g_cu, &v->gp);
+}
+
+static float *get(cn_backend *b, const cn_tensor *t) {
+    float *o = malloc((size_t)(t->shape[0] * t->shape[1] + 1) * sizeof(float));
+    assert_non_null(o);
+    assert_int_equal(cn_backend_download(b, o, t), 0);
+    return o;
+}
+
+/* Compares the CUDA view with the CPU view and checks the CUDA padding. */
+static void pv_expect(const char *what, const pv *v, double tol) {
+    float *a = get(g_cu, &v->g), *b = get(g_cpu, &v->c);
+    double e = tu_rel_err(a, b, (size_t)(v->T * v->C));
+    if (!(e <= tol)) {
+        print_error("%s: rel err %.3g > %.1g\n", what, e, tol);
+        fail();
+    }
+    free(a);
+    free(b);
+    float *full = get(g_cu, &v->gp);
+    for (int64_t t = 0; t < v->T; t++)
+        for (int64_t c = 0; c < v->W; c++)
+            if (c < v->off || c >= v->off + v->C) assert_true(full[t * v->W + c] == SENTINEL);
+    free(full);
+}
+
+/* I32 ids [R, K] on both backends, contiguous. */
+typedef struct pid {
+    cn_tensor c, g;
+} pid;
+
+static pid pid_make(int64_t R, int64_t K, const int32_t *ids) {
+    pid p;
+    p.c = cn_tensor_2d(CN_I32, R, K, NULL);
+    p.g = p.c;
+    assert_int_equal(cn_backend_alloc(g_cpu, &p.c), 0);
+    assert_int_equal(cn_backend_alloc(g_cu, &p.g), 0);
+    assert_int_equal(cn_backend_upload(g_cpu, &p.c, 0, ids, (uint64_t)(R * K) * 4), 0);
+    assert_int_equal(cn_backend_upload(g_cu, &p.g, 0, ids, (uint64_t)(R * K) * 4), 0);
+    return p;
+}
+
+static void pid_free(pid *p) {
+    cn_backend_release(g_cpu, &p->c);
+    cn_backend_release(g_cu, &p->g);
+}
+
+/* A weight [N, K] of dtype dt: host bytes used in place by the CPU, uploaded for CUDA. */
+typedef struct pw {
+    cn_tensor c, g;
+    void *host;
+} pw;
+
+static pw pw_make(cn_dtype dt, int64_t N, int64_t K, float amp) {
+    pw w;
+    size_t esz = cn_dtype_size(dt);
+    w.host = malloc((size_t)(N * K) * esz + 1);
+    assert_non_null(w.host);
+    for (int64_t i = 0; i < N * K; i++) {
+        float v = unif(-amp, amp);
+        switch (dt) {
+        case CN_BF16: ((uint16_t *)w.host)[i] = cn_f32_to_bf16(v); break;
+        case CN_F16: ((uint16_t *)w.host)[i] = cn_f32_to_f16(v); break;
+        case CN_F8_E4M3: ((uint8_t *)w.host)[i] = cn_f32_to_e4m3(v * 100.0f); break;
+        default: ((float *)w.host)[i] = v; break;
+        }
+    }
+    w.c = cn_tensor_2d(dt, N, K, w.host);
+    if (dt == CN_F8_E4M3) w.c.scale = 0.0123f;
+    w.g = w.c;
+    assert_int_equal(cn_backend_weight(g_cu, &w.g), 0);
+    assert_int_equal(w.g.where, CN_DEVICE);
+    return w;
+}
+
+static void pw_free(pw *w) { free(w->host); } /* the CUDA copy is the backend's until it is freed */
+
+/* An F32 vector [n] on both backends. */
+static pv vec_make(int64_t n, float lo, float hi) {
+    pv v = pv_make(1, n, 0, lo, hi);
+    v.c = cn_tensor_1d(CN_F32, n, v.cp.data);
+    v.g = cn_tensor_1d(CN_F32, n, v.gp.data);
+    return v;
+}
+
+/* ---------------------------------------------------------------- tests */
+
+static const cn_dtype k_wdt[] = {CN_F32, CN_BF16, CN_F16, CN_F8_E4M3};
+
+static void test_matmul(void **st) {
+    (void)st;
+    const int64_t Ts[] = {1, 5, 8, 13, 40, 77};
+    for (size_t d = 0; d < sizeof k_wdt / sizeof k_wdt[0]; d++)
+        for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+            const int64_t T = Ts[i], K = 200, N = 150;
+            pw w = pw_make(k_wdt[d], N, K, 0.5f);
+            pv x = pv_make(T, K, 3, -1, 1), y = pv_make(T, N, 2, 0, 0);
+            assert_int_equal(cn_op_matmul(g_cpu, &y.c, &w.c, &x.c), 0);
+            assert_int_equal(cn_op_matmul(g_cu, &y.g, &w.g, &x.g), 0);
+            char what[64];
+            snprintf(what, sizeof what, "matmul %s T=%lld", cn_dtype_name(k_wdt[d]), (long long)T);
+            pv_expect(what, &y, TOL_MM);
+            pv_free(&x);
+            pv_free(&y);
+            pw_free(&w);
+        }
+    /* a larger bf16 product through cuBLAS (tensor cores, three-term split) */
+    pw w = pw_make(CN_BF16, 384, 512, 0.1f);
+    pv x = pv_make(96, 512, 0, -2, 2), y = pv_make(96, 384, 0, 0, 0);
+    assert_int_equal(cn_op_matmul(g_cpu, &y.c, &w.c, &x.c), 0);
+    assert_int_equal(cn_op_matmul(g_cu, &y.g, &w.g, &x.g), 0);
+    pv_expect("matmul bf16 96x512x384", &y, TOL_MM);
+    pv_free(&x);
+    pv_free(&y);
+    pw_free(&w);
+}
+
+static void test_matmul_gather(void **st) {
+    (void)st;
+    enum { NW = 8 };
+    const int64_t cases[][2] = {{1, 3}, {3, 2}, {40, 4}}; /* T, k */
+    for (size_t d = 0; d < sizeof k_wdt / sizeof k_wdt[0]; d++)
+        for (size_t ci = 0; ci < 3; ci++)
+            for (int per_row = 0; per_row < 2; per_row++) {
+                const int64_t T = cases[ci][0], k = cases[ci][1], K = 72, N = 90;
+                pw ws[NW];
+                const cn_tensor *wc[NW], *wg[NW];
+                for (int e = 0; e < NW; e++) {
+                    ws[e] = pw_make(k_wdt[d], N, K, 0.5f);
+                    wc[e] = &ws[e].c;
+                    wg[e] = &ws[e].g;
+                }
+                int32_t *ids = malloc((size_t)(T * k) * sizeof *ids);
+                for (int64_t i = 0; i < T * k; i++) ids[i] = (int32_t)(unif(0, NW - 0.001f));
+                pid id = pid_make(T, k, ids);
+                pv x = pv_make(per_row ? T * k : T, K, 3, -1, 1), y = pv_make(T * k, N, 1, 0, 0);
+                assert_int_equal(cn_op_matmul_gather(g_cpu, &y.c, wc, NW, &x.c, &id.c), 0);
+                assert_int_equal(cn_op_matmul_gather(g_cu, &y.g, wg, NW, &x.g, &id.g), 0);
+                char what[80];
+                snprintf(what, sizeof what, "matmul_gather %s T=%lld k=%lld per_row=%d",
+                         cn_dtype_name(k_wdt[d]), (long long)T, (long long)k, per_row);
+                pv_expect(what, &y, TOL_MM);
+                /* an id out of range: CN_EINVAL and nothing written */
+                ids[T * k - 1] = NW;
+                pid bad = pid_make(T, k, ids);
+                pv y2 = pv_make(T * k, N, 1, 7, 7);
+                float *before = get(g_cu, &y2.gp);
+                assert_int_equal(cn_op_matmul_gather(g_cu, &y2.g, wg, NW, &x.g, &bad.g), CN_EINVAL);
+                float *after = get(g_cu, &y2.gp);
+                assert_memory_equal(before, after, (size_t)(y2.T * y2.W) * sizeof(float));
+                free(before);
+                free(after);
+                pv_free(&y2);
+                pid_free(&bad);
+                pid_free(&id);
+                free(ids);
+                pv_free(&x);
+                pv_free(&y);
+                for (int e = 0; e < NW; e++) pw_free(&ws[e]);
+            }
+}
+
+static void test_get_rows(void **st) {
+    (void)st;
+    for (size_t d = 0; d < sizeof k_wdt / sizeof k_wdt[0]; d++) {
+        const int64_t V = 50, H = 70, T = 9;
+        pw tab = pw_make(k_wdt[d], V, H, 1.0f);
+        int32_t ids[9];
+        for (int i = 0; i < T; i++) ids[i] = (int32_t)unif(0, V - 0.001f);
+        pid id = pid_make(T, 1, ids);
+        id.c.ndim = id.g.ndim = 1;
+        id.c.shape[0] = id.g.shape[0] = T;
+        pv y = pv_make(T, H, 2, 0, 0);
+        assert_int_equal(cn_op_get_rows(g_cpu, &y.c, &tab.c, &id.c), 0);
+        assert_int_equal(cn_op_get_rows(g_cu, &y.g, &tab.g, &id.g), 0);
+        pv_expect("get_rows", &y, 0.0);
+        ids[4] = -1;
+        pid bad = pid_make(T, 1, ids);
+        bad.g.ndim = 1;
+        pv y2 = pv_make(T, H, 2, 3, 3);
+        float *before = get(g_cu, &y2.gp);
+        assert_int_equal(cn_op_get_rows(g_cu, &y2.g, &tab.g, &bad.g), CN_EINVAL);
+        float *after = get(g_cu, &y2.gp);
+        assert_memory_equal(before, after, (size_t)(y2.T * y2.W) * sizeof(float));
+        free(before);
+        free(after);
+        pv_free(&y2);
+        pid_free(&bad);
+        pv_free(&y);
+        pid_free(&id);
+        pw_free(&tab);
+    }
+}
+
+static void test_norms(void **st) {
+    (void)st;
+    const int64_t T = 7, C = 96;
+    pv w = vec_make(C, 0.5f, 1.5f);
+    pv x = pv_make(T, C, 3, -3, 3), y = pv_make(T, C, 2, 0, 0), z = pv_make(T, C, 1, -4, 4);
+    assert_int_equal(cn_op_rmsnorm(g_cpu, &y.c, &x.c, &w.c, 1e-5f), 0);
+    assert_int_equal(cn_op_rmsnorm(g_cu, &y.g, &x.g, &w.g, 1e-5f), 0);
+    pv_expect("rmsnorm", &y, TOL_EW);
+    assert_int_equal(cn_op_gated_rmsnorm(g_cpu, &y.c, &x.c, &z.c, &w.c, 24, 1e-5f), 0);
+    assert_int_equal(cn_op_gated_rmsnorm(g_cu, &y.g, &x.g, &z.g, &w.g, 24, 1e-5f), 0);
+    pv_expect("gated_rmsnorm", &y, TOL_EW);
+    /* in place */
+    assert_int_equal(cn_op_gated_rmsnorm(g_cpu, &x.c, &x.c, &z.c, &w.c, 32, 1e-5f), 0);
+    assert_int_equal(cn_op_gated_rmsnorm(g_cu, &x.g, &x.g, &z.g, &w.g, 32, 1e-5f), 0);
+    pv_expect("gated_rmsnorm in place", &x, TOL_EW);
+    assert_int_equal(cn_op_rmsnorm(g_cpu, &x.c, &x.c, &w.c, 1e-6f), 0);
+    assert_int_equal(cn_op_rmsnorm(g_cu, &x.g, &x.g, &w.g, 1e-6f), 0);
+    pv_expect("rmsnorm in place", &x, TOL_EW);
+    pv_free(&w);
+    pv_free(&x);
+    pv_free(&y);
+    pv_free(&z);
+}
+
+static void test_elementwise(void **st) {
+    (void)st;
+    const int64_t T = 9, C = 77;
+    pv a = pv_make(T, C, 2, -5, 5), c = pv_make(T, C, 1, -5, 5), y = pv_make(T, C, 3, 0, 0);
+    for (int op = 0; op < 5; op++) {
+        cn_backend *bs[2] = {g_cpu, g_cu};
+        for (int i = 0; i < 2; i++) {
+            cn_tensor *yy = i ? &y.g : &y.c;
+            const cn_tensor *aa = i ? &a.g : &a.c, *cc = i ? &c.g : &c.c;
+            int rc = op == 0   ? cn_op_add(bs[i], yy, aa, cc)
+                     : op == 1 ? cn_op_mul(bs[i], yy, aa, cc)
+                     : op == 2 ? cn_op_silu(bs[i], yy, aa)
+                     : op == 3 ? cn_op_relu2(bs[i], yy, aa)
+                               : cn_op_scale(bs[i], yy, aa, -0.75f);
+            assert_int_equal(rc, 0);
+        }
+        char what[32];
+        snprintf(what, sizeof what, "elementwise op %d", op);
+        pv_expect(what, &y, TOL_EW);
+    }
+    /* in place add, as the residual does */
+    assert_int_equal(cn_op_add(g_cpu, &a.c, &a.c, &c.c), 0);
+    assert_int_equal(cn_op_add(g_cu, &a.g, &a.g, &c.g), 0);
+    pv_expect("add in place", &a, TOL_EW);
+    pv_free(&a);
+    pv_free(&c);
+    pv_free(&y);
+}
+
+static void test_copy(void **st) {
+    (void)st;
+    const int64_t T = 6, C = 33;
+    pv x = pv_make(T, C, 2, -100, 100), y = pv_make(T, C, 1, 0, 0);
+    const cn_dtype mids[] = {CN_BF16, CN_F16};
+    for (int i = 0; i < 2; i++) {
+        cn_tensor mc = cn_tensor_2d(mids[i], T, C, NULL), mg = mc;
+        assert_int_equal(cn_backend_alloc(g_cpu, &mc), 0);
+        assert_int_equal(cn_backend_alloc(g_cu, &mg), 0);
+        assert_int_equal(cn_backend_copy(g_cpu, &mc, &x.c), 0);
+        assert_int_equal(cn_backend_copy(g_cu, &mg, &x.g), 0);
+        assert_int_equal(cn_backend_copy(g_cpu, &y.c, &mc), 0);
+        assert_int_equal(cn_backend_copy(g_cu, &y.g, &mg), 0);
+        pv_expect("copy through 16-bit", &y, 0.0);
+        cn_backend_release(g_cpu, &mc);
+        cn_backend_release(g_cu, &mg);
+    }
+    assert_int_equal(cn_backend_copy(g_cpu, &y.c, &x.c), 0);
+    assert_int_equal(cn_backend_copy(g_cu, &y.g, &x.g), 0);
+    pv_expect("copy f32", &y, 0.0);
+    pv_free(&x);
+    pv_free(&y);
+}
+
+static void test_conv1d(void **st) {
+    (void)st;
+    const int64_t T = 9, C = 70, K = 4;
+    pv x = pv_make(T, C, 2, -1, 1), y = pv_make(T, C, 1, 0, 0);
+    pv w = pv_make(C, K, 0, -0.5f, 0.5f), bias = vec_make(C, -0.2f, 0.2f);
+    pv s = pv_make(K - 1, C, 0, -1, 1);
+    assert_int_equal(cn_op_conv1d(g_cpu, &y.c, &x.c, &w.c, &bias.c, &s.c), 0);
+    assert_int_equal(cn_op_conv1d(g_cu, &y.g, &x.g, &w.g, &bias.g, &s.g), 0);
+    pv_expect("conv1d y", &y, TOL_EW);
+    pv_expect("conv1d state", &s, 0.0);
+    /* again from the new state, in two pieces on CUDA and one on the CPU, no bias */
+    assert_int_equal(cn_op_conv1d(g_cpu, &y.c, &x.c, &w.c, NULL, &s.c), 0);
+    cn_tensor y0 = cn_tensor_rows(&y.g, 0, 2), y1 = cn_tensor_rows(&y.g, 2, T - 2);
+    cn_tensor x0 = cn_tensor_rows(&x.g, 0, 2), x1 = cn_tensor_rows(&x.g, 2, T - 2);
+    assert_int_equal(cn_op_conv1d(g_cu, &y0, &x0, &w.g, NULL, &s.g), 0);
+    assert_int_equal(cn_op_conv1d(g_cu, &y1, &x1, &w.g, NULL, &s.g), 0);
+    pv_expect("conv1d split y", &y, TOL_EW);
+    pv_expect("conv1d split state", &s, 0.0);
+    pv_free(&x);
+    pv_free(&y);
+    pv_free(&w);
+    pv_free(&bias);
+    pv_free(&s);
+}
+
+static void check_scan(int H, int P, int G, int N, int T) {
+    pv x = pv_make(T, H * P, 2, -1, 1), dt = pv_make(T, H, 1, -3, 1);
+    pv B = pv_make(T, G * N, 3, -1, 1), C = pv_make(T, G * N, 1, -1, 1);
+    pv y = pv_make(T, H * P, 1, 0, 0), s = pv_make(H, P * N, 0, -0.5f, 0.5f);
+    pv A = vec_make(H, -1, 1), D = vec_make(H, 0, 1), dtb = vec_make(H, -0.5f, 0.5f);
+    cn_ssm_args ac = {.A_log = &A.c, .D = &D.c, .dt_bias = &dtb.c, .n_heads = H, .head_dim = P,
+                      .n_groups = G, .d_state = N, .chunk = 4, .dt_min = 0.001f, .dt_max = 10.0f};
+    cn_ssm_args ag = ac;
+    ag.A_log = &A.g;
+    ag.D = &D.g;
+    ag.dt_bias = &dtb.g;
+    assert_int_equal(cn_op_ssm_scan(g_cpu, &y.c, &x.c, &dt.c, &B.c, &C.c, &ac, &s.c), 0);
+    assert_int_equal(cn_op_ssm_scan(g_cu, &y.g, &x.g, &dt.g, &B.g, &C.g, &ag, &s.g), 0);
+    char what[64];
+    snprintf(what, sizeof what, "ssm_scan N=%d y", N);
+    pv_expect(what, &y, 2e-5);
+    snprintf(what, sizeof what, "ssm_scan N=%d state", N);
+    pv_expect(what, &s, 2e-5);
+    /* steps on CUDA continue from the state like a scan on the CPU */
+    assert_int_equal(cn_op_ssm_scan(g_cpu, &y.c, &x.c, &dt.c, &B.c, &C.c, &ac, &s.c), 0);
+    for (int t = 0; t < T; t++) {
+        cn_tensor yt = cn_tensor_rows(&y.g, t, 1), xt = cn_tensor_rows(&x.g, t, 1);
+        cn_tensor dtt = cn_tensor_rows(&dt.g, t, 1), Bt = cn_tensor_rows(&B.g, t, 1);
+        cn_tensor Ct = cn_tensor_rows(&C.g, t, 1);
+        assert_int_equal(cn_op_ssm_step(g_cu, &yt, &xt, &dtt, &Bt, &Ct, &ag, &s.g), 0);
+    }
+    pv_expect("ssm steps y", &y, 2e-5);
+    pv_expect("ssm steps state", &s, 2e-5);
+    pv_free(&x);
+    pv_free(&dt);
+    pv_free(&B);
+    pv_free(&C);
+    pv_free(&y);
+    pv_free(&s);
+    pv_free(&A);
+    pv_free(&D);
+    pv_free(&dtb);
+}
+
+static void test_ssm_scan(void **st) {
+    (void)st;
+    check_scan(4, 8, 2, 16, 9);
+    check_scan(6, 5, 3, 48, 11);  /* lanes partly idle */
+    check_scan(2, 4, 1, 128, 33); /* nano's d_state */
+}
+
+static void check_attention(cn_dtype kvdt, int Hq, int Hkv, int Dh, int n_past, int T) {
+    const int64_t S = n_past + T + 3;
+    pv q = pv_make(T, (int64_t)Hq * Dh, 2, -1, 1), out = pv_make(T, (int64_t)Hq * Dh, 1, 0, 0);
+    pv kf = pv_make(S, (int64_t)Hkv * Dh, 0, -1, 1), vf = pv_make(S, (int64_t)Hkv * Dh, 0, -2, 2);
+    cn_tensor kc = kf.c, kg = kf.g, vc = vf.c, vg = vf.g;
+    cn_tensor k16c, k16g, v16c, v16g;
+    if (kvdt != CN_F32) { /* a compact cache: the same values rounded to 16 bits on both */
+        k16c = cn_tensor_2d(kvdt, S, (int64_t)Hkv * Dh, NULL);
+        k16g = k16c;
+        v16c = k16c;
+        v16g = k16c;
+        assert_int_equal(cn_backend_alloc(g_cpu, &k16c), 0);
+        assert_int_equal(cn_backend_alloc(g_cu, &k16g), 0);
+        assert_int_equal(cn_backend_alloc(g_cpu, &v16c), 0);
+        assert_int_equal(cn_backend_alloc(g_cu, &v16g), 0);
+        assert_int_equal(cn_backend_copy(g_cpu, &k16c, &kf.c), 0);
+        assert_int_equal(cn_backend_copy(g_cu, &k16g, &kf.g), 0);
+        assert_int_equal(cn_backend_copy(g_cpu, &v16c, &vf.c), 0);
+        assert_int_equal(cn_backend_copy(g_cu, &v16g, &vf.g), 0);
+        kc = k16c;
+        kg = k16g;
+        vc = v16c;
+        vg = v16g;
+    }
+    float scale = 1.0f / sqrtf((float)Dh);
+    assert_int_equal(cn_op_attention(g_cpu, &out.c, &q.c, &kc, &vc, n_past, Hq, Hkv, scale), 0);
+    assert_int_equal(cn_op_attention(g_cu, &out.g, &q.g, &kg, &vg, n_past, Hq, Hkv, scale), 0);
+    char what[80];
+    snprintf(what, sizeof what, "attention %s Hq=%d Hkv=%d Dh=%d past=%d T=%d", cn_dtype_name(kvdt),
+             Hq, Hkv, Dh, n_past, T);
+    pv_expect(what, &out, 2e-5);
+    if (kvdt != CN_F32) {
+        cn_backend_release(g_cpu, &k16c);
+        cn_backend_release(g_cu, &k16g);
+        cn_backend_release(g_cpu, &v16c);
+        cn_backend_release(g_cu, &v16g);
+    }
+    pv_free(&q);
+    pv_free(&out);
+    pv_free(&kf);
+    pv_free(&vf);
+}
+
+static void test_attention(void **st) {
+    (void)st;
+    check_attention(CN_F32, 4, 2, 24, 5, 7);
+    check_attention(CN_F32, 8, 8, 64, 0, 40);
+    check_attention(CN_F32, 6, 2, 128, 300, 1); /* decode against a longer cache */
+    check_attention(CN_BF16, 4, 1, 40, 70, 3);
+    check_attention(CN_F16, 2, 2, 16, 33, 2);
+}
+
+static void check_route(int T, int E, int K, int n_group, int topk_group, int use_bias) {
+    pv lg = pv_make(T, E, 2, -4, 4), wt = pv_make(T, K, 1, 0, 0), bias = vec_make(E, -0.5f, 0.5f);
+    int32_t *zero = calloc((size_t)(T * K), sizeof *zero);
+    pid ids = pid_make(T, K, zero);
+    cn_route_args a = {.top_k = K, .n_group = n_group, .topk_group = topk_group, .norm_topk = 1,
+                       .scaling = 2.5f};
+    assert_int_equal(cn_op_moe_route(g_cpu, &ids.c, &wt.c, &lg.c, use_bias ? &bias.c : NULL, &a), 0);
+    assert_int_equal(cn_op_moe_route(g_cu, &ids.g, &wt.g, &lg.g, use_bias ? &bias.g : NULL, &a), 0);
+    int32_t *ic = malloc((size_t)(T * K) * sizeof *ic), *ig = malloc((size_t)(T * K) * sizeof *ig);
+    assert_int_equal(cn_backend_download(g_cpu, ic, &ids.c), 0);
+    assert_int_equal(cn_backend_download(g_cu, ig, &ids.g), 0);
+    assert_memory_equal(ic, ig, (size_t)(T * K) * sizeof *ic);
+    pv_expect("moe_route weights", &wt, TOL_EW);
+    free(ic);
+    free(ig);
+    free(zero);
+    pid_free(&ids);
+    pv_free(&lg);
+    pv_free(&wt);
+    pv_free(&bias);
+}
+
+static void test_moe(void **st) {
+    (void)st;
+    check_route(13, 16, 4, 1, 1, 1);
+    check_route(13, 16, 4, 4, 2, 1);
+    check_route(5, 128, 6, 1, 1, 0);
+    const int64_t T = 11, k = 3, H = 50;
+    pv rows = pv_make(T * k, H, 2, -2, 2), w = pv_make(T, k, 1, 0, 1), y = pv_make(T, H, 3, 0, 0);
+    assert_int_equal(cn_op_moe_combine(g_cpu, &y.c, &rows.c, &w.c), 0);
+    assert_int_equal(cn_op_moe_combine(g_cu, &y.g, &rows.g, &w.g), 0);
+    pv_expect("moe_combine", &y, TOL_EW);
+    pv_free(&rows);
+    pv_free(&w);
+    pv_free(&y);
+}
+
+static int setup(void **st) {
+    (void)st;
+    cn_err err;
+    cn_err_clear(&err);
+    g_cpu = cn_backend_open("cpu", 4, &err);
+    g_cu = cn_backend_open("cuda", 0, &err);
+    if (!g_cu) fprintf(stderr, "cuda backend: %s\n", err.msg);
+    return g_cpu && g_cu ? 0 : -1;
+}
+
+static int teardown(void **st) {
+    (void)st;
+    cn_backend_free(g_cu);
+    cn_backend_free(g_cpu);
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_matmul),      cmocka_unit_test(test_matmul_gather),
+        cmocka_unit_test(test_get_rows),    cmocka_unit_test(test_norms),
+        cmocka_unit_test(test_elementwise), cmocka_unit_test(test_copy),
+        cmocka_unit_test(test_conv1d),      cmocka_unit_test(test_ssm_scan),
+        cmocka_unit_test(test_attention),   cmocka_unit_test(test_moe),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
