@@ -19,7 +19,7 @@
 #include "cli/flags.h"
 #include "engine/engine.h"
 #include "server/server.h"
-#include "server/text.h"
+#include "text/text.h"
 
 /* The basename of dir, without trailing slashes, into buf. */
 static void base_name(const char *dir, char *buf, size_t n) {
