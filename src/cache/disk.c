@@ -599,6 +599,7 @@ int cn_disk_submit(cn_disk *d, cn_disk_blob *b, uint64_t *id) {
     b->id = cn_disk_node_id(keys, b->end);
     free(keys);
     put64(b->buf + 24, b->id);
+    uint64_t node_id = b->id; /* once queued, b belongs to the writer, which may free it at once */
     pthread_mutex_lock(&d->mu);
     int full = d->head && d->queued + b->size > d->queue_limit;
     if (!full) enqueue(d, b);
@@ -607,7 +608,7 @@ int cn_disk_submit(cn_disk *d, cn_disk_blob *b, uint64_t *id) {
         job_free(b);
         return CN_EBUSY;
     }
-    *id = b->id;
+    *id = node_id;
     return CN_OK;
 }
 

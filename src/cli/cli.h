@@ -19,6 +19,7 @@ int cn_cmd_logits(int argc, char **argv);     /* cmd_logits.c */
 int cn_cmd_make_model(int argc, char **argv); /* cmd_make_model.c */
 int cn_cmd_info(int argc, char **argv);       /* cmd_info.c */
 int cn_cmd_serve(int argc, char **argv);      /* cmd_serve.c */
+int cn_cmd_run(int argc, char **argv);        /* cmd_run.c */
 int cn_cmd_parse(int argc, char **argv);      /* cmd_parse.c */
 int cn_cmd_render(int argc, char **argv);     /* cmd_render.c */
 int cn_cmd_tokenize(int argc, char **argv);   /* cmd_tokenize.c */

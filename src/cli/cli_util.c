@@ -2,9 +2,12 @@
 #include "cli/cli_util.h"
 
 #include <errno.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "tensor/backends.h"
 
@@ -98,26 +101,108 @@ fail:
     return rc;
 }
 
-int cn_cli_open_model(const char *dir, const char *backend, int threads, int ubatch, cn_backend **b,
-                      cn_model **m) {
+/* ---- loading progress -------------------------------------------------------------------- */
+
+static double mono_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+void cn_cli_human_bytes(uint64_t bytes, char *buf, size_t n) {
+    static const char *unit[] = {"B", "KB", "MB", "GB", "TB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1000 && u < 4) v /= 1000, u++;
+    snprintf(buf, n, u == 0 ? "%.0f %s" : v < 10 ? "%.1f %s" : "%.0f %s", v, unit[u]);
+}
+
+void cn_cli_progress_begin(cn_cli_progress *p, const char *name, int want) {
+    memset(p, 0, sizeof *p);
+    p->show = want && isatty(STDERR_FILENO);
+    p->name = name;
+    p->t0 = mono_ms();
+}
+
+void cn_cli_progress_stage(cn_cli_progress *p, const char *fmt, ...) {
+    if (!p || !p->show) return;
+    char what[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "\r\033[Kcairn: loading %s: %s...", p->name, what);
+    fflush(stderr);
+    p->drawn = 1;
+}
+
+void cn_cli_progress_clear(cn_cli_progress *p) {
+    if (!p || !p->drawn) return;
+    fputs("\r\033[K", stderr);
+    fflush(stderr);
+    p->drawn = 0;
+}
+
+double cn_cli_progress_ms(const cn_cli_progress *p) { return mono_ms() - p->t0; }
+
+void cn_cli_progress_done(cn_cli_progress *p, uint64_t params) {
+    if (!p || !p->show) return;
+    char size[32], np[32];
+    cn_cli_human_bytes(p->bytes, size, sizeof size);
+    static const char *unit[] = {"", "K", "M", "B", "T"}; /* parameter counts: 343K, 3.9B */
+    double v = (double)params;
+    int u = 0;
+    while (v >= 1000 && u < 4) v /= 1000, u++;
+    snprintf(np, sizeof np, u && v < 10 ? "%.1f%s" : "%.0f%s", v, unit[u]);
+    cn_cli_progress_clear(p);
+    fprintf(stderr, "cairn: loaded %s (%s, %s params) in %.2f s\n", p->name, size, np,
+            cn_cli_progress_ms(p) / 1e3);
+    fflush(stderr);
+}
+
+static void on_stage(void *ctx, cn_load_stage stage, uint64_t bytes) {
+    cn_cli_progress *p = ctx;
+    char size[32];
+    switch (stage) {
+    case CN_LOAD_CONFIG: cn_cli_progress_stage(p, "reading config"); break;
+    case CN_LOAD_MAP: cn_cli_progress_stage(p, "mapping weights"); break;
+    case CN_LOAD_BIND:
+        p->bytes = bytes;
+        cn_cli_human_bytes(bytes, size, sizeof size);
+        cn_cli_progress_stage(p, "binding %s of weights", size);
+        break;
+    }
+}
+
+/* ---- models ------------------------------------------------------------------------------- */
+
+int cn_cli_open_model_progress(const char *dir, const char *backend, int threads, int ubatch,
+                               cn_cli_progress *p, cn_backend **b, cn_model **m) {
     cn_err err;
     cn_err_clear(&err);
     if (!backend) backend = cn_backend_default_name();
     *b = cn_backend_open(backend, threads, &err);
     *m = NULL;
     if (!*b) {
+        cn_cli_progress_clear(p);
         fprintf(stderr, "cairn: --backend %s: %s\n", backend, err.msg);
         return err.code ? err.code : CN_EINVAL;
     }
-    cn_model_opts o = {.ubatch = ubatch};
+    cn_model_opts o = {.ubatch = ubatch, .on_stage = p ? on_stage : NULL, .stage_ctx = p};
     int rc = cn_model_open(m, dir, *b, &o, &err);
     if (rc) {
+        cn_cli_progress_clear(p);
         fprintf(stderr, "cairn: %s\n", err.msg[0] ? err.msg : cn_strerror(rc));
         cn_backend_free(*b);
         *b = NULL;
         *m = NULL;
     }
     return rc;
+}
+
+int cn_cli_open_model(const char *dir, const char *backend, int threads, int ubatch, cn_backend **b,
+                      cn_model **m) {
+    return cn_cli_open_model_progress(dir, backend, threads, ubatch, NULL, b, m);
 }
 
 void cn_cli_close_model(cn_backend *b, cn_model *m) {

@@ -5,13 +5,19 @@
  * and no global flag is needed; every server thread inherits the blocked mask. The listening
  * address comes from --host/--port, else CAIRN_HOST ("HOST" or "HOST:PORT"), else 127.0.0.1:11435:
  * loopback unless told otherwise. The line "cairn: serving NAME on http://HOST:PORT" on stderr
- * says the server is ready (tests read the port from it when --port 0 picks one).
+ * says the server is ready (tests read the port from it when --port 0 picks one). On a terminal,
+ * a progress line shows the model loading first. For scripts: --json also prints one line on
+ * stdout when ready, {"status":"ready","host":…,"port":…,"url":…,"model":…,"pid":…,"load_ms":…};
+ * --quiet prints nothing but errors (and logs only errors unless CAIRN_LOG says otherwise).
  */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
 
 #include "base/log.h"
 #include "cli/cli.h"
@@ -19,7 +25,7 @@
 #include "cli/flags.h"
 #include "engine/engine.h"
 #include "server/server.h"
-#include "server/text.h"
+#include "text/text.h"
 
 /* The basename of dir, without trailing slashes, into buf. */
 static void base_name(const char *dir, char *buf, size_t n) {
@@ -49,10 +55,29 @@ static int parse_host_env(const char *v, char *host, size_t hn, int *port) {
     return 0;
 }
 
+/* The --json ready line on stdout. Returns 0, CN_ENOMEM or CN_EIO. */
+static int print_ready(const char *host, int port, const char *url, const char *name, double load_ms) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return CN_ENOMEM;
+    cJSON_AddStringToObject(o, "status", "ready");
+    cJSON_AddStringToObject(o, "host", host);
+    cJSON_AddNumberToObject(o, "port", port);
+    cJSON_AddStringToObject(o, "url", url);
+    cJSON_AddStringToObject(o, "model", name);
+    cJSON_AddNumberToObject(o, "pid", (double)getpid());
+    cJSON_AddNumberToObject(o, "load_ms", (double)(int64_t)(load_ms * 1000) / 1000);
+    char *text = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (!text) return CN_ENOMEM;
+    int ok = printf("%s\n", text) > 0 && fflush(stdout) == 0;
+    cJSON_free(text);
+    return ok ? CN_OK : CN_EIO;
+}
+
 int cn_cmd_serve(int argc, char **argv) {
     const char *model = NULL, *name = NULL, *host = NULL, *api_key = NULL, *cache_dir = NULL;
     const char *backend = NULL;
-    int port = 11435, threads = 0, ubatch = 0, max_queue = 64;
+    int port = 11435, threads = 0, ubatch = 0, max_queue = 64, quiet = 0, json = 0;
     float finish_cancelled = 120, keepalive = 5;
     uint64_t max_body = 32u << 20;
     cn_engine_opts eo = {.cache = {.pre_end = 4}};
@@ -76,15 +101,17 @@ int cn_cmd_serve(int argc, char **argv) {
         {"threads", CN_FLAG_INT, &threads, "N", "CPU threads (default: all cores)", 0, 0},
         {"backend", CN_FLAG_STR, &backend, "NAME", "cpu, cuda or cuda:N (default: $CAIRN_BACKEND or cpu)", 0, 0},
         {"ubatch", CN_FLAG_INT, &ubatch, "N", "tokens per forward chunk of scratch (default 256)", 0, 0},
+        {"quiet", CN_FLAG_BOOL, &quiet, NULL, "print nothing but errors", 0, 0},
+        {"json", CN_FLAG_BOOL, &json, NULL, "print one JSON line on stdout when ready (host, port, model)", 0, 0},
         {NULL, 0, NULL, NULL, NULL, 0, 0},
     };
     const char *syn = "serve --model DIR [--name NAME] [--host 127.0.0.1] [--port 11435] [--ctx N] "
                       "[--cache-ram SIZE] [--cache-dir DIR] [--api-key KEY] [--max-queue N] "
-                      "[--finish-cancelled SECONDS]";
+                      "[--finish-cancelled SECONDS] [--quiet] [--json]";
     int rc = cn_flags_parse(flags, argc, argv, syn);
     if (rc) return rc > 0 ? 0 : 2;
-    /* A server logs one line per request unless CAIRN_LOG says otherwise. */
-    if (!getenv("CAIRN_LOG")) cn_log_set_level(CN_LOG_INFO);
+    /* A server logs one line per request unless CAIRN_LOG (or --quiet) says otherwise. */
+    if (!getenv("CAIRN_LOG")) cn_log_set_level(quiet ? CN_LOG_ERROR : CN_LOG_INFO);
     eo.cache_dir = cache_dir;
     if (eo.disk_budget && !cache_dir) {
         fprintf(stderr, "cairn: --cache-disk needs --cache-dir\n");
@@ -130,18 +157,26 @@ int cn_cmd_serve(int argc, char **argv) {
     cn_err err;
     cn_err_clear(&err);
     int status = 1;
-    if (cn_cli_open_model(model, backend, threads, ubatch, &b, &m)) goto done;
+    cn_cli_progress prog;
+    cn_cli_progress_begin(&prog, name, !quiet);
+    if (cn_cli_open_model_progress(model, backend, threads, ubatch, &prog, &b, &m)) goto done;
     const cn_config *c = cn_model_config(m);
+    cn_cli_progress_stage(&prog, "loading the tokenizer");
     if ((rc = cn_text_open(&t, model, c->model_type, &err))) {
+        cn_cli_progress_clear(&prog);
         fprintf(stderr, "cairn: %s\n", err.msg);
         goto done;
     }
+    if (cache_dir) cn_cli_progress_stage(&prog, "state for %d tokens, restore points in %s", eo.ctx, cache_dir);
+    else cn_cli_progress_stage(&prog, "state for %d tokens", eo.ctx);
     if ((rc = cn_engine_open(&e, m, &eo, &err))) {
+        cn_cli_progress_clear(&prog);
         fprintf(stderr, "cairn: %s\n", err.msg);
         goto done;
     }
     cn_model_stats st;
     cn_model_stats_get(m, &st);
+    cn_cli_progress_done(&prog, st.params);
     uint64_t bytes = 0, most = 0;
     int qd = 0;
     for (int i = 0; i < CN_DTYPE_COUNT; i++) {
@@ -181,11 +216,17 @@ int cn_cmd_serve(int argc, char **argv) {
         fprintf(stderr, "cairn: %s\n", err.msg);
         goto done;
     }
-    fprintf(stderr, "cairn: serving %s on http://%s%s%s:%d\n", name, strchr(host, ':') ? "[" : "",
-            host, strchr(host, ':') ? "]" : "", cn_server_port(srv));
+    char url[400];
+    snprintf(url, sizeof url, "http://%s%s%s:%d", strchr(host, ':') ? "[" : "", host,
+             strchr(host, ':') ? "]" : "", cn_server_port(srv));
+    if (!quiet) fprintf(stderr, "cairn: serving %s on %s\n", name, url);
+    if (json && (rc = print_ready(host, cn_server_port(srv), url, name, cn_cli_progress_ms(&prog)))) {
+        fprintf(stderr, "cairn: cannot write the ready line: %s\n", cn_strerror(rc));
+        goto done;
+    }
     int sig = 0;
     sigwait(&sigs, &sig);
-    fprintf(stderr, "cairn: %s, shutting down\n", sig == SIGINT ? "interrupted" : "terminated");
+    if (!quiet) fprintf(stderr, "cairn: %s, shutting down\n", sig == SIGINT ? "interrupted" : "terminated");
     status = 0;
 done:
     cn_server_close(srv);

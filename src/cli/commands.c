@@ -9,6 +9,7 @@ const cn_cli_command cn_cli_commands[] = {
     {"make-model", cn_cmd_make_model},
     {"info", cn_cmd_info},
     {"serve", cn_cmd_serve},
+    {"run", cn_cmd_run},
     {"parse", cn_cmd_parse},
     {"render", cn_cmd_render},
     {"tokenize", cn_cmd_tokenize},

@@ -13,6 +13,7 @@ static void usage(FILE *f) {
           "  make-model  write a synthetic NemotronH checkpoint\n"
           "  info        describe a model directory\n"
           "  serve       serve the Ollama and OpenAI HTTP APIs\n"
+          "  run         chat with a model in the terminal (one PROMPT, or interactive)\n"
           "  parse       split generated text into thinking, content and tool calls\n"
           "  render      write the prompt of a chat request (JSON on stdin)\n"
           "  tokenize    text to token ids (tokenizer.json)\n"

@@ -77,10 +77,18 @@ int cn_model_open(cn_model **out, const char *dir, cn_backend *b, const cn_model
     if (!m) return cn_err_set(err, CN_ENOMEM, "out of memory");
     m->b = b;
     m->s.ubatch = opts && opts->ubatch > 0 ? opts->ubatch : 256;
+    cn_load_stage_fn stage = opts ? opts->on_stage : NULL;
+    if (stage) stage(opts->stage_ctx, CN_LOAD_CONFIG, 0);
     int rc = cn_config_load_dir(&m->cfg, dir, err);
     if (rc) goto fail;
+    if (stage) stage(opts->stage_ctx, CN_LOAD_MAP, 0);
     rc = cn_st_open_dir(&m->st, dir, err);
     if (rc) goto fail;
+    if (stage) {
+        uint64_t bytes = 0;
+        for (int i = 0; i < cn_st_count(m->st); i++) bytes += cn_st_at(m->st, i)->nbytes;
+        stage(opts->stage_ctx, CN_LOAD_BIND, bytes);
+    }
     rc = cn_model_identity_of(dir, m->st, &m->identity, err);
     if (rc) goto fail;
     rc = cn_qconfig_load_dir(&m->qc, dir, err);

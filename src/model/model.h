@@ -29,8 +29,20 @@
 typedef struct cn_model cn_model; /* layout: model_impl.h */
 typedef struct cn_state cn_state; /* layout: state.h */
 
+/* The steps of cn_model_open, in order, for progress displays. */
+typedef enum cn_load_stage {
+    CN_LOAD_CONFIG, /* reading config.json */
+    CN_LOAD_MAP,    /* mapping the safetensors files */
+    CN_LOAD_BIND,   /* checking and binding the weights (bytes: tensor data mapped) */
+} cn_load_stage;
+
+/* Called as each stage begins; bytes is 0 until the files are mapped. */
+typedef void (*cn_load_stage_fn)(void *ctx, cn_load_stage stage, uint64_t bytes);
+
 typedef struct cn_model_opts {
     int ubatch; /* tokens per internal forward chunk (scratch size); 0 = 256 */
+    cn_load_stage_fn on_stage; /* (optional) */
+    void *stage_ctx;
 } cn_model_opts;
 
 /* A recurrent snapshot: every Mamba layer's conv tail and SSM state at one offset. Tensors live on

@@ -52,8 +52,7 @@ void cn_job_unref(cn_job *j) {
     free(j->prompt);
     cn_stopseq_free(&j->stops);
     cJSON_Delete(j->tools);
-    cn_detok_free(&j->detok);
-    if (j->parser_ready) cn_parser_free(&j->parser);
+    if (j->reply_ready) cn_reply_free(&j->reply);
     free(j->content);
     free(j->thinking_text);
     for (int i = 0; i < j->n_calls; i++) {
@@ -143,24 +142,6 @@ static int on_event(const cn_parse_event *ev, void *ctx) {
     return j->stream ? cn_api_ops_for(j->api)->tool_call(j, j->n_calls - 1) : CN_OK;
 }
 
-/* Text after stop strings: through the parser (chat) or straight out as content. */
-static int emit(cn_job *j, const char *s, size_t n) {
-    if (n == 0) return CN_OK;
-    if (j->parse) return cn_parser_feed(&j->parser, s, n, on_event, j);
-    return on_text(j, 0, s, n);
-}
-
-/* Decoded bytes: cut at the first stop string. */
-static int text_in(cn_job *j, const char *s, size_t n) {
-    const char *out;
-    size_t on;
-    int m = cn_stopseq_feed(&j->stops, s, n, &out, &on);
-    if (m < 0) return m;
-    int rc = emit(j, out, on);
-    if (m == 1) j->stopped = 1;
-    return rc;
-}
-
 /* ---- engine callbacks --------------------------------------------------------------------- */
 
 typedef struct run_ctx {
@@ -195,42 +176,26 @@ static int cb_token(void *ctx, int32_t t) {
         while (s[n] && n < 4) n++;
         while (s[n] && ((unsigned char)s[n] & 0xC0) == 0x80) n++;
         j->canned_pos += n;
-        rc = text_in(j, s, n);
+        rc = cn_reply_text(&j->reply, s, n);
         if (!j->canned[j->canned_pos]) j->stopped = 1;
-        if (rc && rc != CN_ECANCELED) j->failed = rc;
-        return j->stopped || j->failed;
+    } else {
+        rc = cn_reply_token(&j->reply, t);
     }
-    rc = cn_detok_push(&j->detok, t, &s, &n);
-    if (!rc) rc = text_in(j, s, n);
+    if (j->reply.stopped) j->stopped = 1;
     if (rc && rc != CN_ECANCELED) j->failed = rc;
     return j->stopped || j->failed;
-}
-
-/* Flushes the held bytes: the decoder's tail, the stop matcher's tail, the parser. */
-static int finish_text(cn_job *j) {
-    const char *s;
-    size_t n;
-    cn_detok_flush(&j->detok, &s, &n);
-    int rc = j->stopped ? CN_OK : text_in(j, s, n);
-    if (!rc && !j->stopped) {
-        cn_stopseq_flush(&j->stops, &s, &n);
-        rc = emit(j, s, n);
-    }
-    if (!rc && j->parse) rc = cn_parser_finish(&j->parser, on_event, j);
-    return rc;
 }
 
 int cn_job_run(cn_job *j, cn_engine *e, cn_cancel_fn cancel, void *cancel_ctx) {
     const cn_api_ops *ops = cn_api_ops_for(j->api);
     run_ctx rc_ = {j, cancel, cancel_ctx};
-    int rc = cn_detok_init(&j->detok, j->text);
-    if (!rc && j->parse) {
-        cn_err perr;
-        rc = cn_parser_init(&j->parser, "nemotron3", j->thinking, j->tools, &perr);
-        if (!rc) j->parser_ready = 1;
-        else cn_log(CN_LOG_ERROR, "parser: %s", perr.msg);
-    }
+    cn_err perr;
+    cn_err_clear(&perr);
+    int rc = cn_reply_init(&j->reply, j->text, &j->stops, j->parse, j->thinking, j->tools, on_event,
+                           j, &perr);
+    j->reply_ready = 1; /* safe to free whatever init returned */
     if (rc) {
+        cn_log(CN_LOG_ERROR, "reply: %s", perr.msg);
         ops->final(j, rc);
         cn_job_set_state(j, CN_JOB_DONE); /* before the close: a reader that sees the end sees DONE */
         cn_chan_close(&j->chan);
@@ -255,7 +220,7 @@ int cn_job_run(cn_job *j, cn_engine *e, cn_cancel_fn cancel, void *cancel_ctx) {
         return rc;
     }
     if (!rc && j->failed) rc = j->failed;
-    int trc = finish_text(j);
+    int trc = cn_reply_finish(&j->reply);
     if (!rc && trc && trc != CN_ECANCELED) rc = trc;
     ops->final(j, rc);
     cn_job_set_state(j, CN_JOB_DONE);

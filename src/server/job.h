@@ -31,9 +31,10 @@
 
 #include "engine/engine.h"
 #include "server/chan.h"
-#include "server/stopseq.h"
-#include "server/text.h"
+#include "text/stopseq.h"
+#include "text/text.h"
 #include "text/parser.h"
+#include "text/reply.h"
 
 typedef enum cn_api {
     CN_API_OLLAMA_CHAT,
@@ -86,16 +87,15 @@ typedef struct cn_job {
     cn_chan chan;   /* response bytes; has its own lock */
 
     /* worker-private while running */
-    cn_detok detok;
-    cn_parser parser;
-    int parser_ready;
+    cn_reply reply;  /* detok -> stop strings -> parser (reply.h) */
+    int reply_ready;
     char *content, *thinking_text; /* accumulated text, NUL-terminated */
     size_t content_len, content_cap, thinking_len, thinking_cap;
     cn_tool_call_out *calls;
     int n_calls;
     size_t canned_pos; /* bytes of canned already handed out */
     int sent_role;   /* OpenAI chat stream: the role delta went out */
-    int stopped;     /* a stop string matched */
+    int stopped;     /* a stop string matched, or the canned text ran out */
     int failed;      /* out of memory or a write error while building frames */
     cn_result res;
 } cn_job;

@@ -13,7 +13,7 @@
 #include <cjson/cJSON.h>
 
 #include "server/job.h"
-#include "server/text.h"
+#include "text/text.h"
 
 typedef struct cn_api_env {
     const char *model_name; /* served name */

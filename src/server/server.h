@@ -16,7 +16,7 @@
 
 #include "base/error.h"
 #include "engine/engine.h"
-#include "server/text.h"
+#include "text/text.h"
 
 /* What /api/tags, /api/show, /api/ps and /v1/models say about the served model. */
 typedef struct cn_model_card {

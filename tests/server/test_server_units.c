@@ -14,7 +14,7 @@
 #include "model/synth.h"
 #include "server/chan.h"
 #include "server/request.h"
-#include "server/stopseq.h"
+#include "text/stopseq.h"
 
 /* Feeds text cut at every pair of positions; the output must be the text before the first stop. */
 static void check_stops(const char *text, const char *const *stops, int n_stops, const char *want,

@@ -1,11 +1,11 @@
-/* text.c - adapts the text layer to the server; see text.h.
+/* text.c - a model's tokenizer and renderer as one unit; see text.h.
  *
  * The prompt is the chat template's text, which writes special tokens (<|im_start|>, <think>)
  * as text: they are recognised, and nothing is added around it (the template has its own
  * markers). Generated special tokens are decoded too, because the reasoning/tool-call parser
  * reads <think> and <tool_call> as text.
  */
-#include "server/text.h"
+#include "text/text.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,6 +56,7 @@ void cn_text_close(cn_text *t) {
 }
 
 const cn_renderer *cn_text_renderer(const cn_text *t) { return t->renderer; }
+const cn_tokenizer *cn_text_tokenizer(const cn_text *t) { return t->tok; }
 
 int cn_text_encode(const cn_text *t, const char *s, size_t n, int32_t **ids, int *n_ids,
                    cn_err *err) {

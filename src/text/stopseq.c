@@ -1,5 +1,5 @@
 /* stopseq.c - stop-string matcher; see stopseq.h. */
-#include "server/stopseq.h"
+#include "text/stopseq.h"
 
 #include <stdlib.h>
 #include <string.h>

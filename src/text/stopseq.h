@@ -8,8 +8,8 @@
  *   (2) After a match, everything is dropped.
  * It never allocates after init except to grow the held tail, and never exits.
  */
-#ifndef CN_STOPSEQ_H
-#define CN_STOPSEQ_H
+#ifndef CN_TEXT_STOPSEQ_H
+#define CN_TEXT_STOPSEQ_H
 
 #include <stddef.h>
 

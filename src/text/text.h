@@ -1,22 +1,24 @@
-/* text.h - the server's view of the text layer: one model's tokenizer and chat renderer, and a
- * per-request streaming decoder.
+/* text.h - one model's text layer as a unit: its tokenizer and chat renderer, and a per-request
+ * streaming decoder.
  *
- * Opened once at startup from the model directory and shared read-only by every connection
- * thread (encoding) and the engine worker (decoding). This file only adapts the text layer
- * (src/text/) to what the handlers need; it never renders or tokenizes by itself.
+ * Opened once at startup from the model directory (by `cairn serve` and `cairn run`) and shared
+ * read-only by every connection thread (encoding) and the engine worker (decoding). This file only
+ * bundles the pieces of src/text/ a model directory implies; it never renders or tokenizes by
+ * itself. reply.h builds a generated reply's whole text pipeline on it.
  * Invariants:
  *   (1) cn_text_encode is safe from any number of threads at once.
  *   (2) A cn_detok turns a token stream into exactly the bytes the tokenizer's decode of the whole
  *       stream gives, handing out only complete UTF-8 characters (an incomplete tail is held).
  */
-#ifndef CN_SERVER_TEXT_H
-#define CN_SERVER_TEXT_H
+#ifndef CN_TEXT_TEXT_H
+#define CN_TEXT_TEXT_H
 
 #include <stddef.h>
 #include <stdint.h>
 
 #include "base/error.h"
 #include "text/render.h"
+#include "text/tokenizer.h"
 
 typedef struct cn_text cn_text; /* layout: text.c */
 
@@ -29,6 +31,8 @@ int cn_text_open_json(cn_text **out, const char *tok_json, size_t len, const cha
 void cn_text_close(cn_text *t);
 
 const cn_renderer *cn_text_renderer(const cn_text *t);
+/* The tokenizer (owned by t). */
+const cn_tokenizer *cn_text_tokenizer(const cn_text *t);
 
 /* Tokenizes s[0, n) as a prompt (special tokens in the text are recognized, as the chat template
  * writes them; no BOS is added: the template has its own). *ids is malloc'd (caller frees).
