@@ -402,7 +402,7 @@ static int push_keys(cn_pc_session *s, const cn_key *k, int n) {
         s->keys = p;
         s->cap_keys = cap;
     }
-    memcpy(s->keys + s->n_keys, k, (size_t)n * sizeof *k);
+    if (n > 0) memcpy(s->keys + s->n_keys, k, (size_t)n * sizeof *k); /* a pair-keyed one-token prompt has none */
     s->n_keys += n;
     return CN_OK;
 }
@@ -549,9 +549,10 @@ int cn_pc_begin(cn_prefix_cache *pc, cn_pc_session *sess, const cn_key *keys, in
     sess->n_prompt = n;
     pc->trie.clock++;
 
-    /* The deepest match, leaving at least one key to evaluate. */
+    /* The deepest match, leaving at least one token to evaluate: with pair keys the n keys name
+     * n + 1 tokens, so every key may match. */
     int matched;
-    cn_node *m = cn_trie_match(&pc->trie, keys, n > 0 ? n - 1 : 0, &matched);
+    cn_node *m = cn_trie_match(&pc->trie, keys, pc->lookahead ? n : n - 1, &matched);
     int np = 0;
     for (cn_node *x = m; x != pc->trie.root; x = x->parent) np++;
     cn_node **path = malloc((size_t)(np ? np : 1) * sizeof *path);

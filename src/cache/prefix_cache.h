@@ -139,8 +139,9 @@ int cn_pc_attach_disk(cn_prefix_cache *pc, const char *dir, uint64_t model_id, u
 int cn_pc_flush(cn_prefix_cache *pc);
 
 /* Starts a request over keys[0..n) (n >= 1; with pair keys n >= 0, a one-token prompt having no
- * key). On return the live caches (and the draft's) sit at sess->restored (< n, or 0) and the
- * remaining tokens must be forwarded. On error the session is empty and the live caches are at
+ * key). On return the live caches (and the draft's) sit at sess->restored and the remaining
+ * tokens must be forwarded: restored < n, or with pair keys restored <= n (the n keys name n + 1
+ * tokens, the last of which is always evaluated). On error the session is empty and the live caches are at
  * offset 0 (nothing was guessed). */
 int cn_pc_begin(cn_prefix_cache *pc, cn_pc_session *sess, const cn_key *keys, int n);
 
