@@ -175,6 +175,30 @@ static int reference(env *v, const int32_t *toks, int n, int max, int32_t *seq, 
     return k;
 }
 
+/* The draft cache's rows [0, level) equal a cold run of the head over the target's own hiddens:
+ * no speculative row survives a round, accepted or rejected. seq holds the tokens [0, level]. */
+static void expect_cold_draft_rows(env *v, const int32_t *seq) {
+    int L = v->e->live->offset, H = cn_model_config(v->m)->hidden_size;
+    if (L == 0) return;
+    cn_state *ct, *cd;
+    assert_int_equal(cn_state_create(&ct, v->m, CTX, 0), 0);
+    assert_int_equal(cn_state_create(&cd, v->m, CTX, 1), 0);
+    float *hid = malloc((size_t)L * H * sizeof *hid);
+    cn_batch bt = {.tokens = seq, .n = L, .all_hidden = 1, .hidden = hid};
+    assert_int_equal(cn_model_forward(v->m, ct, &bt), 0);
+    assert_int_equal(cn_model_mtp_forward(v->m, cd, hid, seq + 1, L, NULL, NULL), 0);
+    const cn_state *d = v->e->spec->draft;
+    for (int l = 0; l < d->n_layers; l++) {
+        if (d->layers[l].type != CN_BLOCK_ATTN) continue;
+        size_t n = (size_t)L * (size_t)d->layers[l].k.shape[1];
+        assert_true(tu_rel_err(d->layers[l].k.data, cd->layers[l].k.data, n) < TOL);
+        assert_true(tu_rel_err(d->layers[l].v.data, cd->layers[l].v.data, n) < TOL);
+    }
+    free(hid);
+    cn_state_free(ct);
+    cn_state_free(cd);
+}
+
 /* Speculative greedy output must equal the reference exactly. */
 static cn_result expect_same(env *v, const int32_t *toks, int n, int max) {
     int32_t *seq = malloc(((size_t)n + max) * sizeof *seq);
@@ -195,6 +219,7 @@ static cn_result expect_same(env *v, const int32_t *toks, int n, int max) {
     assert_int_equal(res.eval_count, k);
     assert_memory_equal(res.tokens, seq + n, (size_t)k * sizeof *seq);
     assert_int_equal(res.stop, stop);
+    if (stop == CN_STOP_LENGTH && k > 0) expect_cold_draft_rows(v, seq);
     v->seq = NULL;
     free(seq);
     return res;
