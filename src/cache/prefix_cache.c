@@ -722,7 +722,7 @@ static int level_for_close(cn_prefix_cache *pc, cn_pc_session *sess) {
 }
 
 int cn_pc_close(cn_prefix_cache *pc, cn_pc_session *sess) {
-    int stale = level_for_close(pc, sess);
+    int stale = level_for_close(pc, sess) | pc->live_stale;
     int o = pc->live->offset, rc = CN_OK;
     /* 1. every capture the forwards crossed becomes a node with its recurrent state */
     for (int c = 0; c < sess->n_caps; c++) {

@@ -72,7 +72,8 @@ typedef struct cn_prefix_cache {
     cn_state *live;          /* the live caches; not owned */
     cn_state *draft;         /* (optional) the draft head's live caches; not owned */
     int lookahead;           /* 1 with a draft (pair keys), else 0 */
-    int live_stale;          /* 1: the live recurrent state is not at live->offset (see above) */
+    int live_stale;          /* 1: the live recurrent state is not at live->offset (see above);
+                              * a caller whose forward failed sets it before cn_pc_close */
     cn_pc_opts o;
     cn_layer_kind *kind;     /* [n_layers] of the trie: target layers, then draft layers */
     int n_kv, n_rec;

@@ -265,6 +265,10 @@ int cn_engine_generate(cn_engine *e, const cn_request *r, cn_result *res) {
     res->cached_tokens = sess.restored;
     if (e->spec) {
         cn_spec_begin(e->spec);
+        if (e->spec->draft->offset != sess.restored) {
+            rc = CN_EINVAL; /* the prefix cache restores target and draft as one level */
+            goto close;
+        }
         /* Nothing will close the prompt's last pair: a restore point where the keys end. */
         if (r->max_tokens == 0 && n - 1 > sess.restored) rc = cn_pc_schedule(&sess, n - 1, 0);
         if (rc) goto close;
@@ -337,6 +341,8 @@ close:
          * prefill stopped at a chunk's end where every pair is closed. */
         int crc = e->spec ? cn_spec_flush(e->spec) : CN_OK;
         if (!rc) rc = crc;
+        /* after a failed forward the recurrent state is undefined: never record it */
+        if (rc && rc != CN_ECANCELED) e->pc.live_stale = 1;
         crc = cn_pc_close(&e->pc, &sess);
         if (!rc) rc = crc;
     }
