@@ -13,7 +13,7 @@
 #define ACC_PRIOR 0.6      /* acceptance assumed before any round: optimistic, so it is tried */
 #define PROBE_FIRST 4      /* plain steps of the first park */
 #define PROBE_MAX 512      /* the longest park */
-#define PROBE_DEPTH 2      /* a probe drafts this many: enough to learn the first positions */
+#define PROBE_DEPTH 1      /* a probe drafts one: the first position gates all the others */
 
 /* ---- open / close ----------------------------------------------------------------------------- */
 
