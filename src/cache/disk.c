@@ -140,7 +140,7 @@ static int parse_header(src *s, uint64_t model_id, cn_disk_node *out, cn_err *er
     if (rc) return rc;
     if (memcmp(fx, MAGIC, 8)) return cn_err_set(err, CN_EFORMAT, "%s: not a cairn cache file (bad magic)", s->path);
     uint32_t ver = get32(fx + 8);
-    if (ver != CN_DISK_VERSION)
+    if (ver < 1 || ver > CN_DISK_VERSION)
         return cn_err_set(err, CN_EUNSUPPORTED, "%s: format version %u (this build reads %d)", s->path,
                           ver, CN_DISK_VERSION);
     out->model_id = get64(fx + 16);
@@ -151,12 +151,13 @@ static int parse_header(src *s, uint64_t model_id, cn_disk_node *out, cn_err *er
         return cn_err_set(err, CN_EFORMAT, "%s: written for model %016" PRIx64 ", not %016" PRIx64,
                           s->path, out->model_id, model_id);
     if (end < 1 || end > MAX_END || start >= end || nl > MAX_LAYERS || hb != header_bytes((int)end, (int)nl) ||
-        (flags & ~1u))
+        (flags & ~3u) || ((flags & 2u) != 0) != (ver == 2))
         return cn_err_set(err, CN_EFORMAT, "%s: malformed header", s->path);
     if (hb + 8 > s->len) return cn_err_set(err, CN_ETRUNC, "%s: truncated", s->path);
     out->start = (int)start;
     out->end = (int)end;
     out->user = (int)(flags & 1);
+    out->pairs = (int)((flags >> 1) & 1);
     out->n_layers = (int)nl;
     uint8_t *raw = malloc(hb - FIXED);
     out->keys = malloc((size_t)end * sizeof *out->keys);
@@ -269,6 +270,7 @@ static int load_file(const char *path, uint64_t model_id, cn_disk_node *hdr, con
 /* The file must describe exactly the node the caller holds. */
 static int same_node(const cn_disk_node *a, const cn_disk_node *b, const char *path, cn_err *err) {
     int ok = a->start == b->start && a->end == b->end && a->n_layers == b->n_layers &&
+             a->pairs == b->pairs &&
              !memcmp(a->keys, b->keys, (size_t)a->end * sizeof *a->keys);
     for (int l = 0; ok && l < a->n_layers; l++)
         ok = a->slots[l].kind == b->slots[l].kind && a->slots[l].from == b->slots[l].from &&
@@ -557,13 +559,13 @@ cn_disk_blob *cn_disk_blob_new(const cn_disk *d, const cn_disk_node *hdr) {
     }
     uint8_t *p = b->buf;
     memcpy(p, MAGIC, 8);
-    put32(p + 8, CN_DISK_VERSION);
+    put32(p + 8, hdr->pairs ? 2u : 1u);
     put32(p + 12, (uint32_t)hb);
     put64(p + 16, d->model_id);
     put64(p + 24, 0); /* the id, once the keys are in (submit) */
     put32(p + 32, (uint32_t)hdr->start);
     put32(p + 36, (uint32_t)hdr->end);
-    put32(p + 40, hdr->user ? 1u : 0u);
+    put32(p + 40, (hdr->user ? 1u : 0u) | (hdr->pairs ? 2u : 0u));
     put32(p + 44, (uint32_t)hdr->n_layers);
     uint64_t off = hb;
     for (int l = 0; l < hdr->n_layers; l++) {

@@ -17,18 +17,22 @@
  * What it never does: decide which nodes to write or drop (the prefix cache does), block a
  * submitting thread on I/O, or touch files outside its model's folder.
  *
- * File format, version 1, every integer little-endian:
+ * File format, versions 1 and 2, every integer little-endian. Version 2 is written for a trie
+ * with a draft cache: its keys are token pairs and its slot table lists the target's layers and
+ * then the draft head's (flags bit 1 says so); version 1 files have token keys and the target's
+ * layers only, and are written as before when there is no draft.
  *
  *     offset        size     field
  *     0             8        magic "CAIRNSNP"
- *     8             4        format version (1)
+ *     8             4        format version (1 or 2)
  *     12            4        header bytes H = 48 + 8*end + 24*n_layers (the payload starts here)
  *     16            8        model identity (cn_model_identity)
  *     24            8        node id = cn_disk_node_id(keys, end); also the file name
  *     32            4        start offset (the parent's end when written)
  *     36            4        end offset = number of keys in the path
- *     40            4        flags: bit 0 = user restore point
- *     44            4        n_layers
+ *     40            4        flags: bit 0 = user restore point; bit 1 = pair keys, draft layers
+ *                            after the target's (version 2 only, and always set there)
+ *     44            4        n_layers (target layers, plus the draft's with bit 1)
  *     48            8*end    keys[0..end): the key path from the root
  *     48+8*end      24*L     slot table, per layer: u32 kind (0 none, 1 KV, 2 STATE), i32 from,
  *                            i32 to, u32 reserved (0), u64 bytes
@@ -71,7 +75,7 @@
 #include "base/error.h"
 #include "cache/keys.h"
 
-#define CN_DISK_VERSION 1
+#define CN_DISK_VERSION 2 /* the newest this build reads; version 1 is still read and written */
 #define CN_DISK_EXT ".cnsnap"
 
 typedef struct cn_disk cn_disk; /* layout: disk.c */
@@ -89,6 +93,7 @@ typedef struct cn_disk_node {
     uint64_t model_id, id;
     int start, end;          /* the edge [start, end); end keys in the path */
     int user;
+    int pairs;               /* 1: pair keys and draft layers (version 2) */
     int n_layers;
     cn_key *keys;            /* [end] */
     cn_disk_slot *slots;     /* [n_layers] */

@@ -8,7 +8,31 @@
 #include "base/log.h"
 #include "cache/disk.h"
 
-/* ---- helpers: slots and bytes --------------------------------------------------------------- */
+/* ---- helpers: layers, slots and bytes ------------------------------------------------------- */
+
+/* The live state holding trie layer l and its index there: the target's layers come first, then
+ * the draft's. */
+static cn_state *lst(const cn_prefix_cache *pc, int l, int *ll) {
+    if (l < pc->live->n_layers) {
+        *ll = l;
+        return pc->live;
+    }
+    *ll = l - pc->live->n_layers;
+    return pc->draft;
+}
+
+/* Sets the offset of every live state (KV rows below stay valid). */
+static void set_level(cn_prefix_cache *pc, int t) {
+    pc->live->offset = t;
+    if (pc->draft) pc->draft->offset = t;
+}
+
+static int reset_live(cn_prefix_cache *pc) {
+    int rc = cn_state_reset(pc->live);
+    if (!rc && pc->draft) rc = cn_state_reset(pc->draft);
+    if (!rc) pc->live_stale = 0;
+    return rc;
+}
 
 static uint64_t ram_size(const cn_snap *s) { return s && s->tier == CN_SNAP_RAM ? s->bytes : 0; }
 
@@ -26,7 +50,9 @@ static void node_clear(cn_prefix_cache *pc, cn_node *n) {
 static int materialize(cn_prefix_cache *pc, cn_node *n, int l) {
     cn_snap *s = n->slots[l];
     if (!s || s->tier != CN_SNAP_LIVE) return CN_OK;
-    int rc = cn_snap_materialize(s, pc->live, l);
+    int ll;
+    cn_state *st = lst(pc, l, &ll);
+    int rc = cn_snap_materialize(s, st, ll);
     if (!rc) pc->ram_bytes += s->bytes;
     return rc;
 }
@@ -69,6 +95,7 @@ static int node_header(const cn_prefix_cache *pc, const cn_node *n, cn_disk_node
     h->start = cn_node_start(n);
     h->end = n->end;
     h->user = n->user;
+    h->pairs = pc->lookahead;
     h->n_layers = pc->trie.n_layers;
     h->slots = slots;
     for (int l = 0; l < h->n_layers; l++) {
@@ -107,8 +134,11 @@ static int node_write(cn_prefix_cache *pc, cn_node *n) {
     if (!b) return CN_ENOMEM;
     for (const cn_node *x = n; x != pc->trie.root; x = x->parent)
         for (int k = 0; k < x->n_keys; k++) cn_disk_blob_set_key(b, cn_node_start(x) + k, x->keys[k]);
-    for (int l = 0; !rc && l < L; l++)
-        if (n->slots[l]) rc = cn_snap_read(n->slots[l], pc->live, l, cn_disk_blob_slot(b, l));
+    for (int l = 0; !rc && l < L; l++) {
+        int ll;
+        cn_state *st = lst(pc, l, &ll);
+        if (n->slots[l]) rc = cn_snap_read(n->slots[l], st, ll, cn_disk_blob_slot(b, l));
+    }
     if (rc) {
         cn_disk_blob_free(b);
         return rc;
@@ -225,6 +255,30 @@ int cn_pc_init(cn_prefix_cache *pc, cn_state *live, const cn_pc_opts *o) {
     return cn_state_reset(live);
 }
 
+int cn_pc_attach_draft(cn_prefix_cache *pc, cn_state *draft) {
+    if (pc->disk || pc->trie.n_nodes || pc->draft) return CN_EBUSY;
+    if (!draft || draft->max_ctx < pc->live->max_ctx) return CN_EINVAL;
+    for (int l = 0; l < draft->n_layers; l++)
+        if (draft->layers[l].type == CN_BLOCK_MAMBA) return CN_EUNSUPPORTED;
+    int n = pc->live->n_layers + draft->n_layers;
+    cn_layer_kind *kind = realloc(pc->kind, (size_t)(n ? n : 1) * sizeof *kind);
+    if (!kind) return CN_ENOMEM;
+    pc->kind = kind;
+    cn_trie t;
+    if (cn_trie_init(&t, n)) return CN_ENOMEM;
+    cn_trie_free(&pc->trie);
+    pc->trie = t;
+    pc->frontier = pc->trie.root;
+    for (int l = 0; l < draft->n_layers; l++) {
+        int kv = draft->layers[l].type == CN_BLOCK_ATTN;
+        kind[pc->live->n_layers + l] = kv ? CN_LAYER_KV : CN_LAYER_NONE;
+        pc->n_kv += kv;
+    }
+    pc->draft = draft;
+    pc->lookahead = 1;
+    return reset_live(pc);
+}
+
 static int evict(cn_prefix_cache *pc, int ram_too);
 
 static int sync_node(cn_node *n, void *ctx) {
@@ -258,11 +312,12 @@ static int forget_node(cn_node *n, void *ctx) {
 
 int cn_pc_reset(cn_prefix_cache *pc) {
     if (pc->disk) cn_trie_walk(&pc->trie, forget_node, pc);
+    int L = pc->trie.n_layers;
     cn_trie_free(&pc->trie);
     pc->ram_bytes = 0;
-    int rc = cn_trie_init(&pc->trie, pc->live->n_layers);
+    int rc = cn_trie_init(&pc->trie, L);
     pc->frontier = pc->trie.root;
-    if (!rc) rc = cn_state_reset(pc->live);
+    if (!rc) rc = reset_live(pc);
     return rc;
 }
 
@@ -278,7 +333,9 @@ static cn_node *split_node(cn_prefix_cache *pc, cn_node *node, int at) {
     for (int l = 0; ok && l < L; l++) {
         cn_snap *s = node->slots[l];
         if (pc->kind[l] != CN_LAYER_KV || !s) continue;
-        ok = cn_snap_kv_split(s, pc->live, l, at, &head_kv[l], &tail_kv[l]) == CN_OK;
+        int ll;
+        cn_state *st = lst(pc, l, &ll);
+        ok = cn_snap_kv_split(s, st, ll, at, &head_kv[l], &tail_kv[l]) == CN_OK;
     }
     cn_node *head = ok ? cn_trie_split(&pc->trie, node, at) : NULL;
     if (!head) {
@@ -317,7 +374,9 @@ static int merge_child(cn_prefix_cache *pc, cn_node *node) {
             rc = materialize(pc, node, l);
             if (!rc) rc = materialize(pc, c, l);
         }
-        if (!rc) rc = cn_snap_kv_concat(a, b, pc->live, l, &kv[l]);
+        int ll;
+        cn_state *st = lst(pc, l, &ll);
+        if (!rc) rc = cn_snap_kv_concat(a, b, st, ll, &kv[l]);
     }
     if (rc) {
         for (int l = 0; l < L; l++) cn_snap_free(kv[l]);
@@ -343,7 +402,7 @@ static int push_keys(cn_pc_session *s, const cn_key *k, int n) {
         s->keys = p;
         s->cap_keys = cap;
     }
-    memcpy(s->keys + s->n_keys, k, (size_t)n * sizeof *k);
+    if (n > 0) memcpy(s->keys + s->n_keys, k, (size_t)n * sizeof *k); /* a pair-keyed one-token prompt has none */
     s->n_keys += n;
     return CN_OK;
 }
@@ -371,6 +430,11 @@ static int sched_add(cn_pc_session *s, int off, int user) {
     s->sched[i] = off;
     s->sched_user[i] = user;
     return CN_OK;
+}
+
+int cn_pc_schedule(cn_pc_session *sess, int off, int user) {
+    if (off <= sess->restored || off > sess->n_keys) return CN_EINVAL;
+    return sched_add(sess, off, user);
 }
 
 static int mat_lazy_above(cn_node *n, void *ctx);
@@ -406,16 +470,20 @@ static int restore_to(cn_prefix_cache *pc, cn_node **path, int np, int lc, int t
     cn_state *s = pc->live;
     int w = lc < t ? lc : t, rc;
     if ((rc = materialize_lazy_above(pc, w))) return rc;
-    int live_ok = s->offset == t && lc >= t; /* recurrent state already exactly at t */
-    if (t == 0) return cn_state_reset(s);
+    /* recurrent state already exactly at t */
+    int live_ok = s->offset == t && lc >= t && !pc->live_stale;
+    if (t == 0) return reset_live(pc);
     for (int i = 0; i < np; i++) {
         cn_node *n = path[i];
         int a = cn_node_start(n) > w ? cn_node_start(n) : w, b = n->end < t ? n->end : t;
-        if (b > a)
-            for (int l = 0; l < pc->trie.n_layers; l++)
-                if (pc->kind[l] == CN_LAYER_KV && (rc = cn_snap_kv_restore(n->slots[l], s, l, a, b)))
-                    return rc;
+        for (int l = 0; b > a && l < pc->trie.n_layers; l++) {
+            int ll;
+            cn_state *st = lst(pc, l, &ll);
+            if (pc->kind[l] == CN_LAYER_KV && (rc = cn_snap_kv_restore(n->slots[l], st, ll, a, b)))
+                return rc;
+        }
         if (!live_ok && n->end == t) {
+            /* recurrent layers are the target's only (cn_pc_attach_draft) */
             for (int l = 0; l < pc->trie.n_layers; l++)
                 if (pc->kind[l] == CN_LAYER_RECURRENT && (rc = cn_snap_state_restore(n->slots[l], s, l)))
                     return rc;
@@ -423,7 +491,8 @@ static int restore_to(cn_prefix_cache *pc, cn_node **path, int np, int lc, int t
         }
         if (n->end <= t) n->last_used = pc->trie.clock;
     }
-    s->offset = t;
+    set_level(pc, t);
+    pc->live_stale = 0;
     return CN_OK;
 }
 
@@ -447,7 +516,7 @@ static int restore_target(const cn_prefix_cache *pc, cn_node **path, int np, int
     int t = 0;
     if (pc->n_rec == 0) t = reach;
     else {
-        if (off <= lc && off <= reach) t = off;
+        if (off <= lc && off <= reach && !pc->live_stale) t = off;
         for (int j = 0; j < np; j++)
             if (path[j]->end <= reach && path[j]->end > t && has_all_states(pc, path[j])) t = path[j]->end;
     }
@@ -458,7 +527,8 @@ static int restore_target(const cn_prefix_cache *pc, cn_node **path, int np, int
  * ending at t unless the live recurrent state is already there. Returns 0, 1 if some node's
  * file failed (its slots are gone: choose t again) or CN_ENOMEM. */
 static int page_in_path(cn_prefix_cache *pc, cn_node **path, int np, int lc, int t) {
-    int w = lc < t ? lc : t, live_ok = pc->live->offset == t && lc >= t, failed = 0;
+    int w = lc < t ? lc : t, failed = 0;
+    int live_ok = pc->live->offset == t && lc >= t && !pc->live_stale;
     for (int i = 0; pc->disk && i < np; i++) {
         cn_node *n = path[i];
         if (!((n->end > w && cn_node_start(n) < t) || (n->end == t && !live_ok))) continue;
@@ -471,16 +541,18 @@ static int page_in_path(cn_prefix_cache *pc, cn_node **path, int np, int lc, int
 
 int cn_pc_begin(cn_prefix_cache *pc, cn_pc_session *sess, const cn_key *keys, int n) {
     memset(sess, 0, sizeof *sess);
-    if (n <= 0 || n > pc->live->max_ctx) return n <= 0 ? CN_EINVAL : CN_ECONTEXT;
+    if (n < 1 - pc->lookahead) return CN_EINVAL; /* pairs: a one-token prompt has no key */
+    if (n > pc->live->max_ctx) return CN_ECONTEXT;
     sess->n_layers = pc->trie.n_layers;
     int rc = push_keys(sess, keys, n);
     if (rc) return rc;
     sess->n_prompt = n;
     pc->trie.clock++;
 
-    /* The deepest match, leaving at least one key to evaluate. */
+    /* The deepest match, leaving at least one token to evaluate: with pair keys the n keys name
+     * n + 1 tokens, so every key may match. */
     int matched;
-    cn_node *m = cn_trie_match(&pc->trie, keys, n - 1, &matched);
+    cn_node *m = cn_trie_match(&pc->trie, keys, pc->lookahead ? n : n - 1, &matched);
     int np = 0;
     for (cn_node *x = m; x != pc->trie.root; x = x->parent) np++;
     cn_node **path = malloc((size_t)(np ? np : 1) * sizeof *path);
@@ -501,7 +573,7 @@ int cn_pc_begin(cn_prefix_cache *pc, cn_pc_session *sess, const cn_key *keys, in
     if (rc) {
         cn_log(CN_LOG_WARN, "cache: restore to %d failed (%s); starting from 0", t, cn_strerror(rc));
         materialize_lazy_above(pc, 0);
-        cn_state_reset(pc->live);
+        reset_live(pc);
         t = 0;
     }
     memcpy(pc->live_keys, keys, (size_t)t * sizeof *keys);
@@ -528,10 +600,12 @@ int cn_pc_captures_in(const cn_pc_session *sess, int from, int to, int *out, int
 int cn_pc_absorbed(cn_prefix_cache *pc, cn_pc_session *sess, int from, int to, cn_rsnap *caps,
                    int n_caps) {
     int rc = CN_OK;
-    if (to > sess->n_keys || from != pc->live->offset - (to - from) || to > pc->cap_live_keys)
+    /* With pair keys the last token forwarded may still wait for the key its successor makes. */
+    int kto = to < sess->n_keys ? to : sess->n_keys;
+    if (to > sess->n_keys + pc->lookahead || from != pc->live->offset - (to - from) || to > pc->cap_live_keys)
         rc = CN_EINVAL;
-    else
-        memcpy(pc->live_keys + from, sess->keys + from, (size_t)(to - from) * sizeof(cn_key));
+    else if (kto > from)
+        memcpy(pc->live_keys + from, sess->keys + from, (size_t)(kto - from) * sizeof(cn_key));
     for (int c = 0; c < n_caps; c++) {
         cn_pc_capture cap = {caps[c].offset, 0, NULL};
         for (int i = 0; i < sess->n_sched; i++)
@@ -577,7 +651,9 @@ static int heal(cn_prefix_cache *pc, cn_node *n) {
     int rc = node_unfile(pc, n);
     for (int l = 0; !rc && l < pc->trie.n_layers; l++) {
         if (pc->kind[l] != CN_LAYER_KV || n->slots[l]) continue;
-        cn_snap *s = cn_snap_kv_lazy(pc->live, l, cn_node_start(n), n->end);
+        int ll;
+        cn_state *st = lst(pc, l, &ll);
+        cn_snap *s = cn_snap_kv_lazy(st, ll, cn_node_start(n), n->end);
         if (!s) rc = CN_ENOMEM;
         else slot_set(pc, n, l, s);
     }
@@ -598,7 +674,9 @@ static cn_node *advance(cn_prefix_cache *pc, int target) {
             if (!nn) return NULL;
             for (int l = 0; l < pc->trie.n_layers; l++)
                 if (pc->kind[l] == CN_LAYER_KV) {
-                    cn_snap *s = cn_snap_kv_lazy(pc->live, l, e, target);
+                    int ll;
+                    cn_state *st = lst(pc, l, &ll);
+                    cn_snap *s = cn_snap_kv_lazy(st, ll, e, target);
                     if (!s) return NULL;
                     slot_set(pc, nn, l, s);
                 }
@@ -628,7 +706,23 @@ static cn_node *compact(cn_prefix_cache *pc, cn_node *node) {
     return node;
 }
 
+/* The level the live caches can be recorded at: with a draft, the lowest of the target offset,
+ * the draft offset and the keys known; everything is moved down to it. Returns 1 when the
+ * target's recurrent state is past the level (it cannot be rewound: stale until restored). */
+static int level_for_close(cn_prefix_cache *pc, cn_pc_session *sess) {
+    int o = pc->live->offset;
+    if (pc->draft && pc->draft->offset < o) o = pc->draft->offset;
+    if (sess->n_keys < o) o = sess->n_keys;
+    int stale = o != pc->live->offset && pc->n_rec > 0;
+    if (o > sess->restored)
+        memcpy(pc->live_keys + sess->restored, sess->keys + sess->restored,
+               (size_t)(o - sess->restored) * sizeof(cn_key));
+    set_level(pc, o);
+    return stale;
+}
+
 int cn_pc_close(cn_prefix_cache *pc, cn_pc_session *sess) {
+    int stale = level_for_close(pc, sess) | pc->live_stale;
     int o = pc->live->offset, rc = CN_OK;
     /* 1. every capture the forwards crossed becomes a node with its recurrent state */
     for (int c = 0; c < sess->n_caps; c++) {
@@ -657,13 +751,13 @@ int cn_pc_close(cn_prefix_cache *pc, cn_pc_session *sess) {
     if (o > 0) {
         f = advance(pc, o);
         int adds = 0;
-        for (int l = 0; f && l < pc->trie.n_layers; l++)
+        for (int l = 0; f && !stale && l < pc->trie.n_layers; l++)
             adds |= pc->kind[l] == CN_LAYER_RECURRENT && !f->slots[l];
         if (!f || (adds && node_unfile(pc, f))) {
             rc = CN_ENOMEM;
             f = NULL;
         }
-        for (int l = 0; f && l < pc->trie.n_layers; l++) {
+        for (int l = 0; f && !stale && l < pc->trie.n_layers; l++) {
             if (pc->kind[l] != CN_LAYER_RECURRENT || f->slots[l]) continue;
             cn_snap *s;
             int r = cn_snap_state_take(pc->live, l, &s);
@@ -675,6 +769,7 @@ int cn_pc_close(cn_prefix_cache *pc, cn_pc_session *sess) {
     if (!f) f = pc->trie.root;
     f->last_used = pc->trie.clock;
     pc->frontier = f;
+    pc->live_stale = stale;
     persist(pc); /* with a disk tier: the nodes this request created or changed, cancelled or not */
     cn_pc_evict(pc);
     cn_pc_session_free(sess);
@@ -812,17 +907,19 @@ typedef struct attach_ctx {
 
 /* The slot table must be what this model's layers would store for the file's edge. */
 static int layout_ok(const cn_prefix_cache *pc, const cn_disk_node *h) {
-    if (h->n_layers != pc->trie.n_layers) return 0;
+    if (h->n_layers != pc->trie.n_layers || h->pairs != pc->lookahead) return 0;
     for (int l = 0; l < h->n_layers; l++) {
         const cn_disk_slot *s = &h->slots[l];
+        int ll;
+        const cn_state *st = lst(pc, l, &ll);
         if (!s->kind) continue;
         if (pc->kind[l] == CN_LAYER_KV &&
             (s->kind != CN_SNAP_KV || s->from != h->start || s->to != h->end ||
-             s->bytes != 2 * (uint64_t)(h->end - h->start) * cn_snap_kv_row_bytes(pc->live, l)))
+             s->bytes != 2 * (uint64_t)(h->end - h->start) * cn_snap_kv_row_bytes(st, ll)))
             return 0;
         if (pc->kind[l] == CN_LAYER_RECURRENT &&
             (s->kind != CN_SNAP_STATE || s->from != h->end || s->to != h->end ||
-             s->bytes != cn_snap_state_bytes(pc->live, l)))
+             s->bytes != cn_snap_state_bytes(st, ll)))
             return 0;
         if (pc->kind[l] == CN_LAYER_NONE) return 0;
     }
@@ -986,8 +1083,9 @@ fail:
     for (int i = 0; i < a.n; i++) cn_disk_node_free(&a.f[i].h);
     free(a.f);
     /* Back to an empty trie with no tier (nothing of it was used yet). */
+    int L = pc->trie.n_layers;
     cn_trie_free(&pc->trie);
-    cn_trie_init(&pc->trie, pc->live->n_layers);
+    cn_trie_init(&pc->trie, L);
     pc->frontier = pc->trie.root;
     cn_disk_close(pc->disk);
     pc->disk = NULL;

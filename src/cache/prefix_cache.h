@@ -14,6 +14,17 @@
  * attaches every capture the forwards crossed as trie nodes, then records the segment the caches
  * rest at with its own snapshots, so a cancelled prompt's retry resumes where it stopped.
  *
+ * A draft cache (cn_pc_attach_draft: the MTP head's own attention layers) rides in the same trie:
+ * its layers get slots after the target's, and the keys become token pairs (keys.h, lookahead
+ * 1): key i packs (token i, token i+1), the draft's slot i fuses the target's hidden at i with
+ * token i+1, so a node ending at offset o is a restore point for both: the target has absorbed
+ * tokens [0, o), the draft slots [0, o), and the o keys name tokens [0, o]. The trie level, the
+ * target offset and the draft offset are one number at begin and at close; in between the target
+ * runs one token ahead of the draft while the token that closes its last pair is unknown. A
+ * request that closes with the target ahead of its draft (it ended with no token to close the
+ * pair: an error) records the level the draft reached; the live recurrent state is then marked
+ * stale and the next begin restores it from a snapshot instead of trusting it.
+ *
  * Invariants (checked by cn_pc_check):
  *  (1) Attention snapshots span exactly their node's edge; recurrent ones sit only at node ends.
  *  (2) Every LIVE snapshot lies within the live keys: its rows are the live buffer's rows.
@@ -57,10 +68,14 @@ typedef struct cn_pc_opts {
 typedef enum cn_layer_kind { CN_LAYER_NONE = 0, CN_LAYER_KV, CN_LAYER_RECURRENT } cn_layer_kind;
 
 typedef struct cn_prefix_cache {
-    cn_trie trie;
+    cn_trie trie;            /* slots: the target's layers, then the draft's */
     cn_state *live;          /* the live caches; not owned */
+    cn_state *draft;         /* (optional) the draft head's live caches; not owned */
+    int lookahead;           /* 1 with a draft (pair keys), else 0 */
+    int live_stale;          /* 1: the live recurrent state is not at live->offset (see above);
+                              * a caller whose forward failed sets it before cn_pc_close */
     cn_pc_opts o;
-    cn_layer_kind *kind;     /* [n_layers] */
+    cn_layer_kind *kind;     /* [n_layers] of the trie: target layers, then draft layers */
     int n_kv, n_rec;
     cn_key *live_keys;       /* [live->offset] keys of what the live caches hold */
     int cap_live_keys;
@@ -100,6 +115,11 @@ typedef struct cn_pc_session {
 } cn_pc_session;
 
 int cn_pc_init(cn_prefix_cache *pc, cn_state *live, const cn_pc_opts *o);
+/* Adds a draft cache (draft: the MTP head's state, same max_ctx as live) before the first
+ * request and before the disk tier: keys become pairs. Returns 0, CN_EBUSY (the trie is not empty
+ * or a tier is attached), CN_EUNSUPPORTED (the draft has recurrent layers: they could not be
+ * rewound past a rejected draft), CN_EINVAL or CN_ENOMEM; on error nothing changes. */
+int cn_pc_attach_draft(cn_prefix_cache *pc, cn_state *draft);
 /* Frees the trie; with a disk tier, first writes the nodes a full queue turned away (waiting for
  * room), keeps the disk budget, and waits for the writer to finish (files stay). */
 void cn_pc_free(cn_prefix_cache *pc);
@@ -119,9 +139,11 @@ int cn_pc_attach_disk(cn_prefix_cache *pc, const char *dir, uint64_t model_id, u
 /* Waits until every queued file write is on disk. Returns how many writes failed so far. */
 int cn_pc_flush(cn_prefix_cache *pc);
 
-/* Starts a request over keys[0..n) (n >= 1). On return the live caches sit at sess->restored
- * (< n) and the remaining keys must be forwarded. On error the session is empty and the live
- * caches are at offset 0 (nothing was guessed). */
+/* Starts a request over keys[0..n) (n >= 1; with pair keys n >= 0, a one-token prompt having no
+ * key). On return the live caches (and the draft's) sit at sess->restored and the remaining
+ * tokens must be forwarded: restored < n, or with pair keys restored <= n (the n keys name n + 1
+ * tokens, the last of which is always evaluated). On error the session is empty and the live caches are at
+ * offset 0 (nothing was guessed). */
 int cn_pc_begin(cn_prefix_cache *pc, cn_pc_session *sess, const cn_key *keys, int n);
 
 /* The capture offsets inside (from, to], for a forward over that range (at most max). */
@@ -132,11 +154,18 @@ int cn_pc_captures_in(const cn_pc_session *sess, int from, int to, int *out, int
 int cn_pc_absorbed(cn_prefix_cache *pc, cn_pc_session *sess, int from, int to, cn_rsnap *caps,
                    int n_caps);
 
-/* Appends the key of a generated token (before it is forwarded). */
+/* Appends the key of a generated token (before it is forwarded); with pair keys the pair of the
+ * previous token and this one. */
 int cn_pc_push_key(cn_pc_session *sess, cn_key key);
 
+/* Schedules a capture at offset off (> the live offset, at most the keys known) for the forwards
+ * still to come; user: a restore point that resists merging. 0 or CN_ENOMEM. */
+int cn_pc_schedule(cn_pc_session *sess, int off, int user);
+
 /* Ends the request (success, error or cancellation): attaches the crossed captures, records the
- * segment the live caches rest at, evicts to budget. */
+ * segment the live caches rest at, evicts to budget. With a draft, the level recorded is the
+ * lowest of the target offset, the draft offset and the keys pushed; the caller settles the
+ * draft first (closes its last pair) so that all three agree. */
 int cn_pc_close(cn_prefix_cache *pc, cn_pc_session *sess);
 void cn_pc_session_free(cn_pc_session *sess);
 

@@ -161,7 +161,8 @@ static int bench_tokenizer(int argc, char **argv) {
 int cn_cmd_bench(int argc, char **argv) {
     static const char usage[] = "usage: cairn bench <what> [options]\n\nwhat:\n"
                                 "  tokenizer   encode a large text: MB/s and tokens/s\n"
-                                "  cache       agent patterns against the prefix cache, beside cold runs\n";
+                                "  cache       agent patterns against the prefix cache, beside cold runs\n"
+                                "  --speculate MTP self-speculation against plain decoding (also: speculate)\n";
     if (argc < 2) {
         fputs(usage, stderr);
         return 2;
@@ -172,6 +173,9 @@ int cn_cmd_bench(int argc, char **argv) {
     }
     if (!strcmp(argv[1], "tokenizer")) return bench_tokenizer(argc - 1, argv + 1);
     if (!strcmp(argv[1], "cache")) return cn_bench_cache(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "speculate")) return cn_bench_speculate(argc - 1, argv + 1);
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--speculate")) return cn_bench_speculate(argc, argv);
     fprintf(stderr, "cairn: unknown benchmark '%s'\n%s", argv[1], usage);
     return 2;
 }

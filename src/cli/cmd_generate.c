@@ -5,6 +5,11 @@
  * the restore points the prefill crossed and the point it reached are kept in the cache (and
  * written to the disk tier when --cache-dir is given), so the same command run again resumes.
  * --json prints one object on stdout.
+ *
+ * On a model with an MTP head, decoding speculates by default (--no-speculate decodes plainly;
+ * the draft cache is kept level either way); the output is the same tokens under greedy
+ * sampling. --json then adds draft_proposed and draft_accepted. --speculate-depth fixes the
+ * drafts per round instead of letting the controller choose.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -90,7 +95,7 @@ static void print_json_string(const char *s, size_t n) {
 
 int cn_cmd_generate(int argc, char **argv) {
     const char *model = NULL, *tokens_arg = NULL, *prompt = NULL, *backend = NULL;
-    int max_tokens = 32, threads = 0, json = 0, ubatch = 0;
+    int max_tokens = 32, threads = 0, json = 0, ubatch = 0, spec_on = 0, spec_off = 0;
     cn_engine_opts eo = {.cache = {.pre_end = 4}};
     cn_request rq = {0};
     cn_sampler_params_default(&rq.sampling);
@@ -117,12 +122,16 @@ int cn_cmd_generate(int argc, char **argv) {
         {"backend", CN_FLAG_STR, &backend, "NAME", "cpu, cuda or cuda:N (default: $CAIRN_BACKEND or cpu)", 0, 0},
         {"threads", CN_FLAG_INT, &threads, "N", "CPU threads (default: all cores)", 0, 0},
         {"ubatch", CN_FLAG_INT, &ubatch, "N", "tokens per forward chunk of scratch (default 256)", 0, 0},
+        {"speculate", CN_FLAG_BOOL, &spec_on, NULL, "draft with the model's MTP head (default when it has one)", 0, 0},
+        {"no-speculate", CN_FLAG_BOOL, &spec_off, NULL, "decode plainly", 0, 0},
+        {"speculate-depth", CN_FLAG_INT, &eo.spec_depth, "N", "exactly N drafts per round (default: the controller picks, up to 4)", 0, 0},
         {"json", CN_FLAG_BOOL, &json, NULL, "print one JSON object", 0, 0},
         {NULL, 0, NULL, NULL, NULL, 0, 0},
     };
     const char *syn = "generate --model DIR (--tokens IDS | --prompt TEXT) --max-tokens N "
                       "[--temperature T --top-k K --top-p P --min-p M --seed S] "
-                      "[--cache-dir DIR [--cache-disk SIZE]] [--json] [--backend NAME]";
+                      "[--cache-dir DIR [--cache-disk SIZE]] [--speculate | --no-speculate] [--json] "
+                      "[--backend NAME]";
     int rc = cn_flags_parse(flags, argc, argv, syn);
     if (rc) return rc > 0 ? 0 : 2;
     if (!!tokens_arg == !!prompt) {
@@ -134,6 +143,16 @@ int cn_cmd_generate(int argc, char **argv) {
         fprintf(stderr, "cairn: --max-tokens, --ctx, --chunk and --cache-spacing must be >= 0\n");
         return 2;
     }
+    if (spec_on && spec_off) {
+        fprintf(stderr, "cairn: give at most one of --speculate and --no-speculate\n");
+        return 2;
+    }
+    if (eo.spec_depth < 0 || eo.spec_depth > CN_SPEC_MAX_DEPTH) {
+        fprintf(stderr, "cairn: --speculate-depth must be between 1 and %d\n", CN_SPEC_MAX_DEPTH);
+        return 2;
+    }
+    eo.spec_fixed = eo.spec_depth > 0;
+    eo.no_speculate = spec_off;
     if (eo.disk_budget && !eo.cache_dir) {
         fprintf(stderr, "cairn: --cache-disk needs --cache-dir\n");
         return 2;
@@ -229,6 +248,7 @@ int cn_cmd_generate(int argc, char **argv) {
             printf(",\"text\":");
             print_json_string(sc.all ? sc.all : "", sc.len);
         }
+        if (e->spec) printf(",\"draft_proposed\":%d,\"draft_accepted\":%d", res.draft_proposed, res.draft_accepted);
         printf(",\"done_reason\":\"%s\",\"prompt_eval_ms\":%.3f,\"eval_ms\":%.3f}\n",
                res.stop == CN_STOP_EOS ? "stop" : res.stop == CN_STOP_CANCELED ? "canceled" : "length",
                res.prompt_ms, res.eval_ms);

@@ -32,6 +32,22 @@ int cn_engine_open(cn_engine **out, cn_model *m, const cn_engine_opts *o, cn_err
         cn_err_set(err, rc, "cannot set up the prefix cache: %s", cn_strerror(rc));
         goto fail;
     }
+    /* The drafter and its draft cache: a property of the model, built before the disk tier so
+     * that the files hold the draft's rows and pair keys too. */
+    if (cn_model_has_mtp(m)) {
+        rc = cn_spec_open(&e->spec, m, e->o.ctx, e->o.spec_depth, e->o.spec_fixed);
+        if (rc == CN_EINVAL) {
+            cn_info("engine: the MTP head has recurrent layers; decoding without speculation");
+            e->spec = NULL;
+        } else if (rc || (rc = cn_pc_attach_draft(&e->pc, e->spec->draft))) {
+            cn_err_set(err, rc, "cannot set up the drafter: %s", cn_strerror(rc));
+            goto fail;
+        } else if (!(e->hidden = malloc((size_t)e->o.chunk * c->hidden_size * sizeof *e->hidden))) {
+            rc = cn_err_set(err, CN_ENOMEM, "out of memory");
+            goto fail;
+        }
+        rc = CN_OK;
+    }
     /* A cold-run engine restores nothing, so it neither reads nor writes the disk tier. */
     if (e->o.cache_dir && !e->o.no_cache &&
         (rc = cn_pc_attach_disk(&e->pc, e->o.cache_dir, cn_model_identity(m), e->o.disk_budget, err)))
@@ -55,6 +71,8 @@ fail:
 void cn_engine_close(cn_engine *e) {
     if (!e) return;
     if (e->live) cn_pc_free(&e->pc);
+    cn_spec_close(e->spec);
+    free(e->hidden);
     cn_state_free(e->live);
     free(e->logits);
     free(e->eos);
@@ -67,17 +85,128 @@ static int is_eos(const cn_engine *e, int32_t t) {
     return 0;
 }
 
-/* Forwards keys [from, to) of the session (tokens given), capturing at scheduled offsets. */
+/* Forwards tokens [from, to) (tokens[0..known) are known), capturing at scheduled offsets. With
+ * a drafter, each position's hidden is queued as a draft slot with the token after it (-1 for
+ * the last known token, whose successor is yet to be sampled). */
 static int forward(cn_engine *e, cn_pc_session *sess, const int32_t *tokens, int from, int to,
-                   int want_logits) {
+                   int want_logits, int known) {
     int at[64];
     cn_rsnap caps[64];
     int nc = cn_pc_captures_in(sess, from, to, at, 64);
     cn_batch bt = {.tokens = tokens + from, .n = to - from, .logits = want_logits ? e->logits : NULL,
                    .capture_at = at, .n_capture = nc, .captures = caps};
+    if (e->spec) {
+        bt.all_hidden = 1;
+        bt.hidden = e->hidden;
+    }
     int rc = cn_model_forward(e->m, e->live, &bt);
     if (rc) return rc;
-    return cn_pc_absorbed(&e->pc, sess, from, to, caps, nc);
+    rc = cn_pc_absorbed(&e->pc, sess, from, to, caps, nc);
+    if (rc || !e->spec) return rc;
+    int32_t next[64];
+    for (int s = from; !rc && s < to; s += 64) {
+        int k = to - s < 64 ? to - s : 64;
+        for (int i = 0; i < k; i++) next[i] = s + i + 1 < known ? tokens[s + i + 1] : -1;
+        rc = cn_spec_feed(e->spec, e->hidden + (size_t)(s - from) * e->spec->H, next, k, 1);
+    }
+    return rc;
+}
+
+/* ---- decoding with a drafter -------------------------------------------------------------------- */
+
+/* One request's decode state with a drafter: what the speculative loop threads through. */
+typedef struct dec {
+    cn_engine *e;
+    const cn_request *r;
+    cn_result *res;
+    cn_pc_session *sess;
+    cn_sampler *smp;
+    int32_t *all;   /* [n + max_tokens + 1] prompt then generated tokens */
+    int n;          /* prompt tokens */
+    uint32_t prev;  /* key symbol of the last token keyed (pairs pack it with the next) */
+    int rc;         /* CN_ECANCELED or an error that ended decoding */
+} dec;
+
+enum { GO = 0, STOP = 1 };
+
+/* Takes a token the sampler produced: its pair key is recorded (an end-of-sequence closes the
+ * last pair too, though it is not output), then it is recorded, handed out and checked against
+ * every way decoding stops. Returns GO or STOP. */
+static int take(dec *d, int32_t t) {
+    cn_result *res = d->res;
+    const cn_request *r = d->r;
+    int rc = cn_pc_push_key(d->sess, ((cn_key)d->prev << 32) | (uint32_t)t);
+    d->prev = (uint32_t)t;
+    if (rc) {
+        d->rc = rc;
+        return STOP;
+    }
+    if (!r->ignore_eos && is_eos(d->e, t)) {
+        res->stop = CN_STOP_EOS;
+        return STOP;
+    }
+    res->tokens[res->eval_count++] = t;
+    d->all[d->n + res->eval_count - 1] = t;
+    if (r->on_token && r->on_token(r->ctx, t)) {
+        res->stop = CN_STOP_CALLER;
+        return STOP;
+    }
+    if (r->cancel && r->cancel(r->ctx)) {
+        d->rc = CN_ECANCELED;
+        res->stop = CN_STOP_CANCELED;
+        return STOP;
+    }
+    return res->eval_count == r->max_tokens ? STOP : GO;
+}
+
+/* DECODE with a drafter: plain steps or speculative rounds, as the controller (or the request)
+ * decides; every step keeps the draft cache level with the target. */
+static int decode_spec(dec *d) {
+    cn_engine *e = d->e;
+    cn_spec *sp = e->spec;
+    cn_result *res = d->res;
+    int speculate = !d->r->no_speculate && !e->o.no_speculate;
+    int32_t cur = cn_sampler_sample(d->smp, e->logits);
+    int st = take(d, cur);
+    if (st == GO) cn_sampler_accept(d->smp, cur);
+    cn_spec_close_pair(sp, cur);
+    while (st == GO) {
+        int budget = d->r->max_tokens - res->eval_count - 1; /* drafts that leave room for one more */
+        int depth = speculate ? cn_spec_ctl_pick(&sp->ctl, budget) : 0;
+        double t0 = now_ms();
+        if (depth == 0) {
+            int at = e->live->offset;
+            if ((d->rc = forward(e, d->sess, d->all, at, at + 1, 1, at + 1))) break;
+            res->plain_steps++;
+            cur = cn_sampler_sample(d->smp, e->logits);
+            st = take(d, cur);
+            if (st == GO) cn_sampler_accept(d->smp, cur);
+            cn_spec_close_pair(sp, cur);
+            cn_spec_ctl_plain(&sp->ctl, now_ms() - t0);
+            continue;
+        }
+        if ((d->rc = cn_spec_round(sp, e->live, d->smp, cur, depth))) break;
+        int keep = sp->n_out - 1;
+        for (int i = 0; i < sp->n_out && st == GO; i++) {
+            st = take(d, sp->out[i]);
+            keep = i;
+        }
+        res->spec_rounds++;
+        res->draft_proposed += depth;
+        res->draft_accepted += sp->n_acc < keep + 1 ? sp->n_acc : keep + 1;
+        for (int j = 0; j < depth; j++) {
+            res->pos_proposed[j]++;
+            res->pos_accepted[j] += j < sp->n_acc;
+        }
+        int crc = cn_spec_commit(sp, e->live, keep);
+        if (crc) {
+            d->rc = crc;
+            break;
+        }
+        cur = sp->out[keep];
+        cn_spec_ctl_round(&sp->ctl, depth, sp->n_acc, now_ms() - t0);
+    }
+    return d->rc;
 }
 
 int cn_engine_generate(cn_engine *e, const cn_request *r, cn_result *res) {
@@ -119,14 +248,31 @@ int cn_engine_generate(cn_engine *e, const cn_request *r, cn_result *res) {
         cn_sampler_free(&smp);
         return rc0;
     }
+    /* With a drafter, key i packs (symbol i, symbol i+1): n tokens give n-1 keys. */
+    int nk = n;
+    uint32_t last_sym = (uint32_t)keys[n - 1];
+    if (e->spec) {
+        for (int i = 0; i + 1 < n; i++) keys[i] = (keys[i] << 32) | (uint32_t)keys[i + 1];
+        nk = n - 1;
+    }
     double t0 = now_ms();
     cn_pc_session sess;
-    int rc = cn_pc_begin(&e->pc, &sess, keys, n);
+    int rc = cn_pc_begin(&e->pc, &sess, keys, nk);
     free(keys);
     if (rc) goto out;
     res->prompt_tokens = n;
     res->matched_tokens = sess.matched;
     res->cached_tokens = sess.restored;
+    if (e->spec) {
+        cn_spec_begin(e->spec);
+        if (e->spec->draft->offset != sess.restored) {
+            rc = CN_EINVAL; /* the prefix cache restores target and draft as one level */
+            goto close;
+        }
+        /* Nothing will close the prompt's last pair: a restore point where the keys end. */
+        if (r->max_tokens == 0 && n - 1 > sess.restored) rc = cn_pc_schedule(&sess, n - 1, 0);
+        if (rc) goto close;
+    }
 
     /* PREFILL: forwards end at chunk boundaries and at restore points (cancellation points). */
     int pos = sess.restored;
@@ -137,7 +283,8 @@ int cn_engine_generate(cn_engine *e, const cn_request *r, cn_result *res) {
                 end = sess.sched[i];
                 break;
             }
-        if ((rc = forward(e, &sess, all, pos, end, end == n))) goto close;
+        if ((rc = forward(e, &sess, all, pos, end, end == n, n))) goto close;
+        if (e->spec && (rc = cn_spec_flush(e->spec))) goto close; /* level at every chunk's end */
         res->prompt_eval_count += end - pos;
         pos = end;
         if (r->on_progress) r->on_progress(r->ctx, pos, n);
@@ -149,11 +296,21 @@ int cn_engine_generate(cn_engine *e, const cn_request *r, cn_result *res) {
     }
     res->prompt_ms = now_ms() - t0;
     if (r->prompt_logits) memcpy(r->prompt_logits, e->logits, (size_t)c->vocab_size * sizeof(float));
+    if (r->draft_logits && e->spec && e->spec->last_at == n - 1)
+        memcpy(r->draft_logits, e->spec->last_logits, (size_t)c->vocab_size * sizeof(float));
     for (int i = 0; i < n; i++) cn_sampler_accept(&smp, all[i]);
 
     /* DECODE: record, hand out, then forward (the last token is never forwarded). */
     double t1 = now_ms();
     res->stop = CN_STOP_LENGTH;
+    if (e->spec) {
+        if (r->max_tokens > 0) {
+            dec d = {e, r, res, &sess, &smp, all, n, last_sym, CN_OK};
+            rc = decode_spec(&d);
+        }
+        res->eval_ms = now_ms() - t1;
+        goto close;
+    }
     while (res->eval_count < r->max_tokens) {
         int32_t t = cn_sampler_sample(&smp, e->logits);
         if (!r->ignore_eos && is_eos(e, t)) {
@@ -175,12 +332,18 @@ int cn_engine_generate(cn_engine *e, const cn_request *r, cn_result *res) {
         if (res->eval_count == r->max_tokens) break;
         if ((rc = cn_pc_push_key(&sess, (cn_key)t))) break;
         int at = e->live->offset;
-        if ((rc = forward(e, &sess, all, at, at + 1, 1))) break;
+        if ((rc = forward(e, &sess, all, at, at + 1, 1, at + 1))) break;
     }
     res->eval_ms = now_ms() - t1;
 close:
     {
-        int crc = cn_pc_close(&e->pc, &sess);
+        /* The draft settles on every path: the final token closed its last pair, or a cancelled
+         * prefill stopped at a chunk's end where every pair is closed. */
+        int crc = e->spec ? cn_spec_flush(e->spec) : CN_OK;
+        if (!rc) rc = crc;
+        /* after a failed forward the recurrent state is undefined: never record it */
+        if (rc && rc != CN_ECANCELED) e->pc.live_stale = 1;
+        crc = cn_pc_close(&e->pc, &sess);
         if (!rc) rc = crc;
     }
     cn_log(CN_LOG_INFO, "request: %d tokens, %d matched, %d restored from cache, %d evaluated, %d generated%s",

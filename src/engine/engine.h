@@ -1,9 +1,17 @@
 /* engine.h - a request's life over one loaded model: begin, prefill with restore points, decode,
  * close (DESIGN.md §2).
  *
- *     QUEUED -> PREFILL [cn_engine_generate: cn_pc_begin]
+ *     QUEUED -> PREFILL [cn_engine_generate: cn_pc_begin, cn_spec_begin]
  *     PREFILL -> DECODE  (prompt absorbed; logits of its last token sampled)
- *     PREFILL/DECODE -> CLOSED [cn_pc_close]  on success, error AND cancellation
+ *     DECODE -> DECODE   a plain step, or a speculative round [cn_spec_round, cn_spec_commit]
+ *     PREFILL/DECODE -> CLOSED [cn_spec_flush, cn_pc_close]  on success, error AND cancellation
+ *
+ * With an MTP head (speculate.h) the engine also owns the drafter and its draft cache, built at
+ * open: the prefix cache keys token pairs and keeps the draft's rows with the target's. Every
+ * request keeps the draft cache level; one that asks for no speculation (or logprobs, once they
+ * exist) decodes plainly, and the depth controller parks speculation on its own when it does not
+ * pay. Either way the tokens are those plain decoding gives (greedy), or drawn from the same
+ * distribution (sampling).
  *
  * The engine owns the model's live state and prefix cache, built once at open and reused by
  * every request. A cancel callback is polled between forwards (every `chunk` tokens and at every
@@ -19,6 +27,7 @@
 #include "base/error.h"
 #include "cache/prefix_cache.h"
 #include "engine/sampler.h"
+#include "engine/speculate.h"
 #include "model/model.h"
 
 typedef struct cn_engine_opts {
@@ -28,6 +37,9 @@ typedef struct cn_engine_opts {
     int no_cache;     /* 1: every request starts from token 0 (cold runs for comparison) */
     const char *cache_dir; /* (optional) the disk tier's folder: restore points survive a restart */
     uint64_t disk_budget;  /* bytes of restore points kept there (0: 16 GiB) */
+    int spec_depth;        /* most drafts per speculative round (0: 4; at most CN_SPEC_MAX_DEPTH) */
+    int spec_fixed;        /* 1: always spec_depth drafts (tests, benchmarks); 0: the controller */
+    int no_speculate;      /* 1: every request decodes plainly (the draft cache is still kept) */
 } cn_engine_opts;
 
 typedef struct cn_engine {
@@ -38,6 +50,8 @@ typedef struct cn_engine {
     float *logits;        /* [vocab] scratch */
     int32_t *eos;         /* [n_eos] stop ids from the model's generation config */
     int n_eos;
+    cn_spec *spec;        /* the drafter and depth controller; NULL without a usable MTP head */
+    float *hidden;        /* [chunk][H] target hiddens of one forward, for the drafter */
 } cn_engine;
 
 /* Polled between forwards; nonzero cancels the request. */
@@ -62,6 +76,9 @@ typedef struct cn_request {
     const cn_media_item *media; /* (optional) [n_media] media expansions in the prompt, sorted: their
                                  * ranges are keyed by content in the cache, the model sees ids */
     int n_media;
+    int no_speculate;      /* 1: decode plainly (what logprobs will need); the draft cache is kept */
+    float *draft_logits;   /* OUT (optional): [vocab] the MTP head's logits at the prompt's last
+                            * pair (slot n-2), for prompts of 2+ tokens on a model with a drafter */
 } cn_request;
 
 typedef enum cn_stop { CN_STOP_LENGTH = 0, CN_STOP_EOS, CN_STOP_CALLER, CN_STOP_CANCELED } cn_stop;
@@ -75,6 +92,11 @@ typedef struct cn_result {
     int32_t *tokens;       /* [eval_count] generated ids; caller frees (free()) */
     cn_stop stop;
     double prompt_ms, eval_ms;
+    /* speculation: drafts proposed and kept (an accepted end-of-sequence counts as kept) */
+    int draft_proposed, draft_accepted;
+    int spec_rounds;       /* target forwards that verified drafts */
+    int plain_steps;       /* target forwards of one generated token */
+    int pos_proposed[CN_SPEC_MAX_DEPTH], pos_accepted[CN_SPEC_MAX_DEPTH]; /* per draft position */
 } cn_result;
 
 /* With o->cache_dir, the restore points stored there for this model (cn_model_identity) are

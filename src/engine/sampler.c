@@ -266,16 +266,15 @@ static int nucleus(const cn_sampler_cand *cand, int n, double target, int *reach
     return n;
 }
 
-int32_t cn_sampler_sample(cn_sampler *s, const float *logits) {
+/* The pipeline up to the draw: leaves the surviving candidates in s->cand[0..*n) with their
+ * weights and returns -1, or returns the one token the draw cannot avoid (greedy, or at most one
+ * finite logit) without touching the random stream. */
+static int32_t filter(cn_sampler *s, const float *logits, int *n_out) {
     const cn_sampler_params *p = &s->params;
     int V = s->vocab_size, n_finite;
     int32_t argmax = prepare(s, logits, &n_finite);
-    if (p->temperature == 0.0f)
+    if (p->temperature == 0.0f || n_finite <= 1)
         return argmax;
-    if (n_finite <= 1) {
-        (void)rng_next(s->rng); /* nothing to choose, but keep invariant (4) */
-        return argmax;
-    }
 
     const float T = p->temperature, lmax = s->work[argmax];
     cn_sampler_cand *cand = s->cand;
@@ -321,7 +320,19 @@ int32_t cn_sampler_sample(cn_sampler *s, const float *logits) {
                 cand[m++] = cand[j];
         n = m; /* >= 1: the best token has w == 1 >= min_p */
     }
+    *n_out = n;
+    return -1;
+}
 
+int32_t cn_sampler_sample(cn_sampler *s, const float *logits) {
+    int n = 0;
+    int32_t only = filter(s, logits, &n);
+    if (only >= 0) {
+        if (s->params.temperature != 0.0f)
+            (void)rng_next(s->rng); /* nothing to choose, but keep invariant (4) */
+        return only;
+    }
+    const cn_sampler_cand *cand = s->cand;
     double total = 0.0;
     for (int j = 0; j < n; j++)
         total += cand[j].w;
@@ -336,4 +347,55 @@ int32_t cn_sampler_sample(cn_sampler *s, const float *logits) {
             return cand[j].id;
     }
     return last; /* r within rounding of total */
+}
+
+int32_t cn_sampler_dist(cn_sampler *s, const float *logits, float *probs) {
+    int n = 0;
+    int32_t only = filter(s, logits, &n);
+    memset(probs, 0, (size_t)s->vocab_size * sizeof *probs);
+    if (only >= 0) {
+        probs[only] = 1.0f;
+        return only;
+    }
+    const cn_sampler_cand *cand = s->cand;
+    double total = 0.0;
+    for (int j = 0; j < n; j++)
+        total += cand[j].w;
+    int32_t best = cand[0].id;
+    float best_w = -1.0f;
+    for (int j = 0; j < n; j++) {
+        if (cand[j].w <= 0.0f)
+            continue;
+        probs[cand[j].id] = (float)(cand[j].w / total);
+        if (cand[j].w > best_w || (cand[j].w == best_w && cand[j].id < best)) {
+            best_w = cand[j].w;
+            best = cand[j].id;
+        }
+    }
+    return best;
+}
+
+double cn_sampler_uniform(cn_sampler *s) {
+    return rng_uniform(s->rng);
+}
+
+int32_t cn_sampler_draw(cn_sampler *s, const float *weights) {
+    double total = 0.0;
+    for (int i = 0; i < s->vocab_size; i++)
+        if (weights[i] > 0.0f)
+            total += weights[i];
+    double u = rng_uniform(s->rng);
+    int32_t last = -1;
+    if (total > 0.0) {
+        double r = u * total, acc = 0.0;
+        for (int i = 0; i < s->vocab_size; i++) {
+            if (!(weights[i] > 0.0f))
+                continue;
+            acc += weights[i];
+            last = i;
+            if (r < acc)
+                return i;
+        }
+    }
+    return last; /* r within rounding of total, or no positive weight (-1) */
 }

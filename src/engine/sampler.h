@@ -85,6 +85,21 @@ int cn_sampler_accept(cn_sampler *s, int32_t token);
  * This function can't fail. */
 int32_t cn_sampler_sample(cn_sampler *s, const float *logits);
 
+/* The exact distribution cn_sampler_sample draws from for these logits and this history: probs
+ * (V floats, OUT) gets each surviving candidate's normalized weight and 0 elsewhere (one-hot on
+ * the argmax for temperature 0 or a single finite logit). Returns the most likely token (ties to
+ * the lowest id). Consumes no random draw; O(V) plus the cost of the filters. Speculative
+ * decoding accepts a draft against this distribution. This function can't fail. */
+int32_t cn_sampler_dist(cn_sampler *s, const float *logits, float *probs);
+
+/* One uniform draw in [0, 1) from the sampler's stream (53 bits). */
+double cn_sampler_uniform(cn_sampler *s);
+
+/* Draws a token in proportion to weights (V floats, not necessarily normalized; entries <= 0 or
+ * NaN are never chosen), consuming exactly one uniform draw. Returns -1 when no weight is
+ * positive. O(V). */
+int32_t cn_sampler_draw(cn_sampler *s, const float *weights);
+
 /* Forgets the history and restarts the random stream from params.seed: O(V). */
 void cn_sampler_reset(cn_sampler *s);
 

@@ -336,6 +336,11 @@ int cn_model_forward(cn_model *m, cn_state *st, cn_batch *bt) {
         if (bt->all_logits) {
             rc = head(m, &m->w.norm_f, 0, T, bt->logits ? bt->logits + (size_t)done * V : NULL,
                       bt->hidden ? bt->hidden + (size_t)done * H : NULL);
+        } else if (bt->all_hidden && bt->hidden) {
+            /* every row's hidden; the lm_head only for the batch's last row */
+            int last = done + T == bt->n;
+            rc = head(m, &m->w.norm_f, 0, T, NULL, bt->hidden + (size_t)done * H);
+            if (!rc && last && bt->logits) rc = head(m, &m->w.norm_f, T - 1, 1, bt->logits, NULL);
         } else if (done + T == bt->n) {
             rc = head(m, &m->w.norm_f, T - 1, 1, bt->logits, bt->hidden);
         }

@@ -60,7 +60,10 @@ typedef struct cn_batch {
     int n;                 /* >= 1 */
     int all_logits;        /* 1: logits (and hidden) of every position; 0: of the last only */
     float *logits;         /* OUT (optional): host [all_logits ? n : 1][vocab] */
-    float *hidden;         /* OUT (optional): host [all_logits ? n : 1][hidden], after norm_f */
+    float *hidden;         /* OUT (optional): host [all_logits || all_hidden ? n : 1][hidden],
+                            * after norm_f */
+    int all_hidden;        /* 1: hidden of every position even when all_logits is 0 (a drafter
+                            * pairs each position's hidden with the next token) */
     const int *capture_at; /* (optional) ascending offsets in (offset, offset+n] to capture at */
     int n_capture;
     cn_rsnap *captures;    /* OUT: [n_capture]; caller owns each, cn_rsnap_free() */

@@ -207,6 +207,7 @@ int cn_job_run(cn_job *j, cn_engine *e, cn_cancel_fn cancel, void *cancel_ctx) {
         .n_tokens = j->n_prompt,
         .max_tokens = j->max_tokens,
         .ignore_eos = j->ignore_eos,
+        .no_speculate = j->no_speculate,
         .sampling = j->sampling,
         .cancel = cb_cancel,
         .on_token = cb_token,

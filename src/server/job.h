@@ -70,6 +70,7 @@ typedef struct cn_job {
     int n_prompt;
     int max_tokens;
     int ignore_eos; /* OpenAI extension (vLLM): generate max_tokens whatever the model says */
+    int no_speculate; /* Ollama options.speculate = false: decode plainly (same output) */
     cn_sampler_params sampling;
     cn_stopseq stops;
     int parse;      /* 1: run the reasoning/tool-call parser (chat endpoints) */

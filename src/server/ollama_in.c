@@ -2,7 +2,7 @@
  *
  * Fields follow Ollama's API: model, messages / prompt, system, raw, think, tools, format,
  * options {temperature, top_k, top_p, min_p, seed, num_predict, stop, num_ctx, repeat_penalty,
- * repeat_last_n, presence_penalty, frequency_penalty}, stream (default true), keep_alive (accepted:
+ * repeat_last_n, presence_penalty, frequency_penalty, speculate}, stream (default true), keep_alive (accepted:
  * the model stays loaded for the server's life). What cairn cannot honour is refused by name
  * rather than ignored: suffix, images, template, context, and a format other than none.
  */
@@ -52,6 +52,10 @@ static int options(cn_job *j, const cJSON *root, cn_refusal *r) {
     if (seed >= 0) s->seed = (uint64_t)seed; /* Ollama: a negative seed means random */
     double num_ctx = 1;
     if ((rc = cn_req_number(o, "num_ctx", 1, 1e9, &num_ctx, r))) return rc; /* the server's --ctx rules */
+    /* speculate: false decodes plainly; the output is the same either way (speculate.h) */
+    int spec;
+    if ((rc = get_bool(o, "speculate", 1, &spec, r))) return rc;
+    j->no_speculate = !spec;
     return cn_req_stops(j, cJSON_GetObjectItemCaseSensitive(o, "stop"), "options.stop", 64, r);
 }
 

@@ -179,6 +179,17 @@ static void turn(env *v, const int32_t *toks, int n, int gen, int cached) {
     free(res.tokens);
 }
 
+/* The same, handing the result back (caller frees tokens). */
+static cn_result turn_res(env *v, const int32_t *toks, int n, int gen, int cached) {
+    cn_result res;
+    assert_int_equal(run(v, toks, n, gen, &res), 0);
+    if (cached >= 0 && res.cached_tokens != cached)
+        fprintf(stderr, "cached %d, expected %d (matched %d)\n", res.cached_tokens, cached, res.matched_tokens);
+    if (cached >= 0) assert_int_equal(res.cached_tokens, cached);
+    expect_cold_logits(v, toks, n);
+    return res;
+}
+
 /* ---- file surgery ---------------------------------------------------------------------------- */
 
 static char *file_of(env *v, const char *cache, uint64_t id) {
@@ -274,6 +285,100 @@ static void test_ram_pages_to_disk(void **st) {
         check_bytes(&v, dir);
     }
     assert_true(v.e->pc.n_paged_in > in0);
+    env_close(&v);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+/* ---- a draft cache: pair keys, draft rows in the files (format version 2) -------------------- */
+
+static void count_pairs(void *ctx, const char *path, const cn_disk_node *h, int rc, const char *why) {
+    (void)path;
+    (void)rc;
+    (void)why;
+    int *c = ctx;
+    if (h) c[h->pairs ? 1 : 0]++;
+}
+
+/* The live draft cache's rows [0, offset) against the head run cold over the target's hiddens. */
+static void expect_cold_draft_rows(env *v, const int32_t *all) {
+    const cn_state *d = v->e->spec->draft;
+    int L = v->e->live->offset, H = cn_model_config(v->m)->hidden_size;
+    cn_state *ct, *cd;
+    assert_int_equal(cn_state_create(&ct, v->m, 512, 0), 0);
+    assert_int_equal(cn_state_create(&cd, v->m, 512, 1), 0);
+    float *hid = malloc((size_t)L * H * sizeof *hid);
+    cn_batch bt = {.tokens = all, .n = L, .all_hidden = 1, .hidden = hid};
+    assert_int_equal(cn_model_forward(v->m, ct, &bt), 0);
+    assert_int_equal(cn_model_mtp_forward(v->m, cd, hid, all + 1, L, NULL, NULL), 0);
+    for (int l = 0; l < d->n_layers; l++) {
+        if (d->layers[l].type != CN_BLOCK_ATTN) continue;
+        size_t n = (size_t)L * (size_t)d->layers[l].k.shape[1];
+        assert_true(tu_rel_err(d->layers[l].k.data, cd->layers[l].k.data, n) < TOL);
+        assert_true(tu_rel_err(d->layers[l].v.data, cd->layers[l].v.data, n) < TOL);
+    }
+    free(hid);
+    cn_state_free(ct);
+    cn_state_free(cd);
+}
+
+/* On a model with an MTP head the files hold the draft's rows and pair keys (version 2); a
+ * restart resumes target and draft where a cancelled prompt stopped, and RAM pages to disk. */
+static void test_draft_restart_and_page(void **st) {
+    (void)st;
+    char *dir = tu_mkdtemp("disk-draft");
+    char mp[600];
+    snprintf(mp, sizeof mp, "%s/nh-mtp-bf16", tu_data_dir());
+    env v;
+    env_open_model(&v, mp, dir, 32, 9, 1 << 30, 1 << 30);
+    assert_non_null(v.e->spec);
+    int32_t p[120];
+    for (int i = 0; i < 120; i++) p[i] = rnd_token(v.V);
+    cn_result res;
+    v.cancel_after = 4; /* forwards end at 9, 18, 27, 32, 41: stop there */
+    assert_int_equal(run(&v, p, 120, 4, &res), CN_ECANCELED);
+    assert_int_equal(res.prompt_eval_count, 41);
+    free(res.tokens);
+    check_bytes(&v, dir);
+    env_close(&v);
+
+    env_open_model(&v, mp, dir, 32, 9, 1 << 30, 1 << 30);
+    assert_int_equal(v.e->pc.n_disk_skipped, 0);
+    assert_int_equal(v.e->pc.n_disk_loaded, 2);
+    int pairs[2] = {0, 0};
+    char mdir[800];
+    cn_disk_model_dir(dir, cn_model_identity(v.m), mdir, sizeof mdir);
+    assert_int_equal(cn_disk_scan(mdir, cn_model_identity(v.m), count_pairs, pairs, NULL, NULL), 0);
+    assert_int_equal(pairs[0], 0);
+    assert_int_equal(pairs[1], 2);
+    res = turn_res(&v, p, 120, 3, 41);
+    int32_t all[130];
+    memcpy(all, p, sizeof p);
+    memcpy(all + 120, res.tokens, (size_t)res.eval_count * sizeof *all);
+    expect_cold_draft_rows(&v, all);
+    free(res.tokens);
+    check_bytes(&v, dir);
+    env_close(&v);
+
+    /* a small RAM budget pages draft rows out with the rest; each branch restores from disk */
+    env_open_model(&v, mp, dir, 8, 8, 32 * 1024, 1 << 30);
+    int32_t q[4][70];
+    for (int k = 0; k < 4; k++) {
+        memcpy(q[k], p, 40 * sizeof *p);
+        for (int i = 40; i < 70; i++) q[k][i] = rnd_token(v.V);
+        q[k][40] = 30 + k;
+        res = turn_res(&v, q[k], 70, 2, -1);
+        free(res.tokens);
+    }
+    assert_true(v.e->pc.n_paged_out > 0);
+    for (int k = 0; k < 4; k++) {
+        res = turn_res(&v, q[k], 70, 2, 65); /* 69 keys: the pre-end point */
+        memcpy(all, q[k], 70 * sizeof *all);
+        memcpy(all + 70, res.tokens, (size_t)res.eval_count * sizeof *all);
+        expect_cold_draft_rows(&v, all);
+        free(res.tokens);
+        check_bytes(&v, dir);
+    }
     env_close(&v);
     tu_rmtree(dir);
     free(dir);
@@ -524,6 +629,7 @@ int main(void) {
         cmocka_unit_test(test_model_identity),
         cmocka_unit_test(test_restart_resumes),
         cmocka_unit_test(test_ram_pages_to_disk),
+        cmocka_unit_test(test_draft_restart_and_page),
         cmocka_unit_test(test_bad_files_skipped),
         cmocka_unit_test(test_disk_budget_drops_lru),
     };

@@ -4,6 +4,9 @@
  * last logits equal a cold run's within the self-consistency tolerance, and checks the cache's
  * invariants (cn_pc_check: slots aligned with edges, lazy rows live, byte accounting) after every
  * request. Models: nh-mix-f32 (Mamba + attention + MoE + MLP) and a pure-attention model made here.
+ * On nh-mtp-bf16 (an MTP head: a draft cache, token-pair keys) the same scenarios also hold the
+ * MTP head's logits at the prompt's last pair to a cold run, so that a restore is valid for the
+ * draft as much as for the target.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -24,8 +27,11 @@ typedef struct env {
     cn_model *m;
     cn_engine *e;
     cn_state *cold; /* for reference runs */
-    int V;
+    cn_state *cold_draft; /* the MTP head's, on models that have one */
+    int V, H;
     float *want, *got;
+    float *dwant, *dgot; /* draft logits */
+    int last_cached;     /* cached_tokens of the last request */
     int cancel_after; /* forwards before the cancel callback fires; <0 never */
     int polls;
     char *tmpdir;
@@ -53,8 +59,16 @@ static void env_open_dir(env *v, const char *dir, int spacing, int chunk, uint64
     assert_int_equal(cn_engine_open(&v->e, v->m, &o, &err), 0);
     assert_int_equal(cn_state_create(&v->cold, v->m, 512, 0), 0);
     v->V = cn_model_config(v->m)->vocab_size;
+    v->H = cn_model_config(v->m)->hidden_size;
     v->want = malloc((size_t)v->V * sizeof(float));
     v->got = malloc((size_t)v->V * sizeof(float));
+    v->dwant = malloc((size_t)v->V * sizeof(float));
+    v->dgot = malloc((size_t)v->V * sizeof(float));
+    if (cn_model_has_mtp(v->m)) {
+        assert_non_null(v->e->spec);
+        assert_int_equal(v->e->pc.lookahead, 1);
+        assert_int_equal(cn_state_create(&v->cold_draft, v->m, 512, 1), 0);
+    }
     v->cancel_after = -1;
 }
 
@@ -67,7 +81,10 @@ static void env_open(env *v, const char *name, int spacing, int chunk, uint64_t 
 static void env_close(env *v) {
     free(v->want);
     free(v->got);
+    free(v->dwant);
+    free(v->dgot);
     cn_state_free(v->cold);
+    cn_state_free(v->cold_draft);
     cn_engine_close(v->e);
     cn_model_close(v->m);
     cn_backend_free(v->b);
@@ -86,13 +103,18 @@ static int cancel_cb(void *ctx) {
 /* Runs a request with greedy decoding; returns the engine's code; res filled. */
 static int run(env *v, const int32_t *toks, int n, int max_tokens, cn_result *res) {
     cn_request r = {.tokens = toks, .n_tokens = n, .max_tokens = max_tokens, .cancel = cancel_cb,
-                    .ctx = v, .prompt_logits = v->got};
+                    .ctx = v, .prompt_logits = v->got, .draft_logits = v->dgot};
     cn_sampler_params_default(&r.sampling);
     r.sampling.temperature = 0;
     v->polls = 0;
     int rc = cn_engine_generate(v->e, &r, res);
     assert_true(cn_pc_check(&v->e->pc));
     assert_true(cn_pc_ram_bytes_walk(&v->e->pc) == v->e->pc.ram_bytes);
+    if (v->e->spec) {
+        /* at rest: the draft level with the target, no capture held */
+        assert_int_equal(v->e->spec->draft->offset, v->e->live->offset);
+        assert_int_equal(v->e->spec->n_caps, 0);
+    }
     return rc;
 }
 
@@ -103,10 +125,58 @@ static void cold(env *v, const int32_t *toks, int n) {
     assert_int_equal(cn_model_forward(v->m, v->cold, &bt), 0);
 }
 
+/* The cold run's draft logits at the prompt's last pair (slot n-2: hidden n-2, token n-1). */
+static void cold_draft(env *v, const int32_t *toks, int n) {
+    float *hid = malloc((size_t)n * v->H * sizeof *hid);
+    assert_int_equal(cn_state_reset(v->cold), 0);
+    assert_int_equal(cn_state_reset(v->cold_draft), 0);
+    cn_batch bt = {.tokens = toks, .n = n, .all_hidden = 1, .hidden = hid};
+    assert_int_equal(cn_model_forward(v->m, v->cold, &bt), 0);
+    float *all = malloc((size_t)(n - 1) * v->V * sizeof *all);
+    assert_int_equal(cn_model_mtp_forward(v->m, v->cold_draft, hid, toks + 1, n - 1, all, NULL), 0);
+    memcpy(v->dwant, all + (size_t)(n - 2) * v->V, (size_t)v->V * sizeof *all);
+    free(all);
+    free(hid);
+}
+
+/* The live draft cache's rows [0, level) against a cold run over the tokens the request ended
+ * with (prompt then generation; the level is the target's offset, every slot closed). */
+static void expect_cold_draft_rows(env *v, const int32_t *toks, int n, const cn_result *res) {
+    int L = v->e->live->offset;
+    if (!v->e->spec || L == 0) return;
+    int32_t *all = malloc((size_t)(n + res->eval_count) * sizeof *all);
+    memcpy(all, toks, (size_t)n * sizeof *all);
+    memcpy(all + n, res->tokens, (size_t)res->eval_count * sizeof *all);
+    assert_true(L + 1 <= n + res->eval_count);
+    float *hid = malloc((size_t)L * v->H * sizeof *hid);
+    assert_int_equal(cn_state_reset(v->cold), 0);
+    assert_int_equal(cn_state_reset(v->cold_draft), 0);
+    cn_batch bt = {.tokens = all, .n = L, .all_hidden = 1, .hidden = hid};
+    assert_int_equal(cn_model_forward(v->m, v->cold, &bt), 0);
+    assert_int_equal(cn_model_mtp_forward(v->m, v->cold_draft, hid, all + 1, L, NULL, NULL), 0);
+    const cn_state *d = v->e->spec->draft;
+    for (int l = 0; l < d->n_layers; l++) {
+        if (d->layers[l].type != CN_BLOCK_ATTN) continue;
+        size_t row = (size_t)d->layers[l].k.shape[1];
+        double ek = tu_rel_err(d->layers[l].k.data, v->cold_draft->layers[l].k.data, (size_t)L * row);
+        double ev = tu_rel_err(d->layers[l].v.data, v->cold_draft->layers[l].v.data, (size_t)L * row);
+        if (ek >= TOL || ev >= TOL) fprintf(stderr, "draft rows differ from a cold run: %.3g %.3g\n", ek, ev);
+        assert_true(ek < TOL && ev < TOL);
+    }
+    free(hid);
+    free(all);
+}
+
 static void expect_cold_logits(env *v, const int32_t *toks, int n) {
     cold(v, toks, n);
     double e = tu_rel_err(v->got, v->want, (size_t)v->V);
     if (e >= TOL) fprintf(stderr, "logits differ from a cold run: %.3g\n", e);
+    assert_true(e < TOL);
+    /* the head's logits at the last pair exist when the prefill forwarded that pair */
+    if (!v->e->spec || n < 2 || v->last_cached > n - 2) return;
+    cold_draft(v, toks, n);
+    e = tu_rel_err(v->dgot, v->dwant, (size_t)v->V);
+    if (e >= TOL) fprintf(stderr, "draft logits differ from a cold run: %.3g\n", e);
     assert_true(e < TOL);
 }
 
@@ -118,7 +188,9 @@ static cn_result turn(env *v, const int32_t *toks, int n, int gen, int cached) {
         fprintf(stderr, "cached %d, expected %d (matched %d)\n", res.cached_tokens, cached, res.matched_tokens);
     if (cached >= 0) assert_int_equal(res.cached_tokens, cached);
     assert_int_equal(res.prompt_eval_count, n - res.cached_tokens);
+    v->last_cached = res.cached_tokens;
     expect_cold_logits(v, toks, n);
+    if (res.stop != CN_STOP_EOS) expect_cold_draft_rows(v, toks, n, &res);
     return res;
 }
 
@@ -302,6 +374,115 @@ static void test_lru_touches_used_only(void **st) {
     env_close(&v);
 }
 
+/* ---- pair keys: the same scenarios with a draft cache ----------------------------------------- */
+
+/* With pair keys a repeat matches every key (they name every token) and restores at the deepest
+ * restore point below them; an extension resumes at the frontier, closed by the final sampled
+ * token that was never forwarded. */
+static void test_pairs_repeat_and_extend(void **st) {
+    (void)st;
+    env v;
+    env_open(&v, "nh-mtp-bf16", 16, 7, 1 << 30);
+    int32_t p[200];
+    for (int i = 0; i < 200; i++) p[i] = rnd_token(v.V);
+    cn_result r1 = turn(&v, p, 50, 6, 0);
+    cn_result r2 = turn(&v, p, 50, 6, 48); /* 49 keys; restore points at 16, 32, 45, 48 */
+    assert_int_equal(r2.matched_tokens, 49);
+    assert_memory_equal(r1.tokens, r2.tokens, (size_t)r1.eval_count * 4);
+    int n = 50;
+    for (int i = 0; i < r2.eval_count; i++) p[n++] = r2.tokens[i];
+    int frontier = n - 1; /* the last generated token closed the last pair, never forwarded */
+    for (int i = 0; i < 20; i++) p[n++] = rnd_token(v.V);
+    /* exactly the previous exchange, nothing added: its n keys match and restore the frontier
+     * (the last token is evaluated again, as every prompt's last token is) */
+    cn_result r4 = turn(&v, p, frontier + 1, 3, frontier);
+    assert_int_equal(r4.matched_tokens, frontier);
+    /* the extension diverges from r4's generation right after the frontier: the frontier's
+     * whole state was released when r4 grew past it, the deepest restore point below serves */
+    cn_result r3 = turn(&v, p, n, 4, 48);
+    free(r1.tokens);
+    free(r2.tokens);
+    free(r3.tokens);
+    free(r4.tokens);
+    env_close(&v);
+}
+
+/* A cancelled prefill leaves its draft level at the point reached; the retry resumes there for
+ * target and draft alike. */
+static void test_pairs_cancel_and_retry(void **st) {
+    (void)st;
+    env v;
+    env_open(&v, "nh-mtp-bf16", 16, 9, 1 << 30);
+    int32_t p[47];
+    for (int i = 0; i < 47; i++) p[i] = rnd_token(v.V);
+    cn_result res;
+    v.cancel_after = 2; /* forwards end at 9, 16, 25: stop after 25 */
+    assert_int_equal(run(&v, p, 47, 4, &res), CN_ECANCELED);
+    assert_int_equal(res.prompt_eval_count, 25);
+    free(res.tokens);
+    /* a probe diverging at token 12 diverges at key 11 (the pair (11, 12)) */
+    int32_t probe[47];
+    memcpy(probe, p, sizeof probe);
+    probe[12] = probe[12] == 30 ? 31 : 30;
+    v.cancel_after = -1;
+    cn_result r = turn(&v, probe, 30, 2, 0);
+    assert_int_equal(r.matched_tokens, 11);
+    free(r.tokens);
+    v.cancel_after = 1; /* forwards end at 32, 41 */
+    assert_int_equal(run(&v, p, 47, 4, &res), CN_ECANCELED);
+    assert_int_equal(res.cached_tokens, 25);
+    assert_int_equal(res.cached_tokens + res.prompt_eval_count, 41);
+    free(res.tokens);
+    v.cancel_after = -1;
+    r = turn(&v, p, 47, 3, 41);
+    free(r.tokens);
+    env_close(&v);
+}
+
+/* Branches: a divergence at token k is a divergence at key k-1; switching back and forth restores
+ * both target and draft rows of each branch. */
+static void test_pairs_branches(void **st) {
+    (void)st;
+    env v;
+    env_open(&v, "nh-mtp-bf16", 8, 6, 1 << 30);
+    int32_t x[60], y[60];
+    for (int i = 0; i < 60; i++) x[i] = rnd_token(v.V);
+    memcpy(y, x, sizeof y);
+    for (int i = 33; i < 60; i++) y[i] = rnd_token(v.V);
+    y[33] = x[33] == 40 ? 41 : 40;
+    cn_result r = turn(&v, x, 60, 2, 0);
+    free(r.tokens);
+    r = turn(&v, y, 60, 2, 32); /* matched 32 keys: the restore point at 32 */
+    assert_int_equal(r.matched_tokens, 32);
+    free(r.tokens);
+    for (int k = 0; k < 3; k++) {
+        r = turn(&v, x, 60, 2, 56);
+        free(r.tokens);
+        r = turn(&v, y, 60, 2, 56);
+        free(r.tokens);
+    }
+    int32_t z[50];
+    memcpy(z, x, sizeof z);
+    for (int i = 33; i < 50; i++) z[i] = rnd_token(v.V);
+    z[33] = (x[33] == 50 || y[33] == 50) ? 51 : 50;
+    r = turn(&v, z, 50, 2, 32);
+    free(r.tokens);
+    /* eviction under a small budget keeps target and draft rows aligned */
+    env_close(&v);
+    env_open(&v, "nh-mtp-bf16", 8, 8, 48 * 1024);
+    for (int k = 0; k < 4; k++) {
+        int32_t q[70];
+        memcpy(q, x, 40 * sizeof *q);
+        for (int i = 40; i < 70; i++) q[i] = rnd_token(v.V);
+        r = turn(&v, q, 70, 2, -1);
+        free(r.tokens);
+        r = turn(&v, q, 70, 2, 65); /* 69 keys: the pre-end point 65 */
+        free(r.tokens);
+    }
+    assert_true(v.e->pc.n_evicted > 0);
+    env_close(&v);
+}
+
 /* Models made here with one layer kind each (plus stateless MoE/MLP blocks). */
 static void open_pattern(env *v, const char *pattern, int spacing, int chunk) {
     char *dir = tu_mkdtemp("pat");
@@ -357,6 +538,9 @@ int main(void) {
         cmocka_unit_test(test_eviction),           cmocka_unit_test(test_lru_touches_used_only),
         cmocka_unit_test(test_kind_attention_only), cmocka_unit_test(test_kind_recurrent_only),
         cmocka_unit_test(test_kind_mixed),
+        cmocka_unit_test(test_pairs_repeat_and_extend),
+        cmocka_unit_test(test_pairs_cancel_and_retry),
+        cmocka_unit_test(test_pairs_branches),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

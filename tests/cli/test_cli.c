@@ -201,6 +201,58 @@ static void test_generate_prompt_text(void **st) {
     free(o);
 }
 
+/* Speculation on an MTP model: the transformers greedy golden whatever the depth, the same tokens
+ * with --no-speculate, draft counts in --json; and `cairn bench --speculate --json`. */
+static void test_generate_speculate(void **st) {
+    (void)st;
+    char *ids = golden_ids("nh-mtp-bf16", "prompt"), *greedy = golden_ids("nh-mtp-bf16", "greedy");
+    int n_greedy = 1;
+    for (char *p = greedy; *p; p++) n_greedy += *p == ',';
+    const char *modes[] = {"", "--speculate", "--no-speculate", "--speculate-depth 1", "--speculate-depth 4"};
+    for (int k = 0; k < 5; k++) {
+        char *o = NULL;
+        assert_int_equal(run(&o, "%s generate --model %s/nh-mtp-bf16 --tokens %s --max-tokens %d %s --json 2>/dev/null",
+                             bin(), tu_data_dir(), ids, n_greedy, modes[k]), 0);
+        cJSON *j = cJSON_Parse(o);
+        assert_non_null(j);
+        cJSON *toks = cJSON_GetObjectItem(j, "tokens");
+        char got[4096] = "";
+        for (int i = 0; i < cJSON_GetArraySize(toks); i++)
+            sprintf(got + strlen(got), "%s%d", i ? "," : "", cJSON_GetArrayItem(toks, i)->valueint);
+        assert_int_equal(strncmp(got, greedy, strlen(got)), 0);
+        cJSON *dp = cJSON_GetObjectItem(j, "draft_proposed"), *da = cJSON_GetObjectItem(j, "draft_accepted");
+        assert_true(cJSON_IsNumber(dp) && cJSON_IsNumber(da));
+        assert_true(da->valueint <= dp->valueint);
+        if (k == 2) assert_int_equal(dp->valueint, 0);
+        if (k >= 3) assert_true(dp->valueint > 0);
+        cJSON_Delete(j);
+        free(o);
+    }
+    char *o = NULL;
+    assert_int_equal(run(&o, "%s generate --model x --tokens 1 --speculate --no-speculate", bin()), 2);
+    free(o);
+    /* a model without a head prints no draft fields */
+    assert_int_equal(run(&o, "%s generate --model %s/nh-mix-f32 --tokens 21,22 --max-tokens 3 --json 2>/dev/null",
+                         bin(), tu_data_dir()), 0);
+    assert_null(strstr(o, "draft_proposed"));
+    free(o);
+    assert_int_equal(run(&o, "%s bench --speculate --model %s/nh-mtp-bf16 --tokens 24 --prompt 8 --reps 1 --json 2>/dev/null",
+                         bin(), tu_data_dir()), 0);
+    cJSON *j = cJSON_Parse(o);
+    assert_non_null(j);
+    assert_true(cJSON_IsNumber(cJSON_GetObjectItem(j, "draft_acceptance")));
+    assert_true(cJSON_IsNumber(cJSON_GetObjectItem(j, "speculative_speedup")));
+    assert_true(cJSON_IsArray(cJSON_GetObjectItem(j, "acceptance_per_position")));
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "identical")));
+    cJSON_Delete(j);
+    free(o);
+    assert_int_equal(run(&o, "%s bench speculate --model %s/nh-mix-f32", bin(), tu_data_dir()), 1);
+    assert_non_null(strstr(o, "no MTP head"));
+    free(o);
+    free(ids);
+    free(greedy);
+}
+
 static int setup(void **st) {
     (void)st;
     char *d = tu_mkdtemp("cli");
@@ -243,6 +295,7 @@ int main(void) {
         cmocka_unit_test(test_generate_rejects_out_of_vocab),
         cmocka_unit_test(test_info),
         cmocka_unit_test(test_generate_prompt_text),
+        cmocka_unit_test(test_generate_speculate),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -57,6 +58,7 @@ static void assert_matches(const double *freq, const double *want, int V, double
             assert_true(freq[i] == 0.0); /* a filtered token is never drawn */
         }
     }
+    if (chi2 >= chi2_crit) fprintf(stderr, "chi2 %.2f >= %.2f\n", chi2, chi2_crit);
     assert_true(chi2 < chi2_crit);
 }
 
@@ -516,9 +518,73 @@ static void test_top_p_large_nucleus(void **state) {
     free(l);
 }
 
+/* cn_sampler_dist is the distribution cn_sampler_sample draws from: same survivors, same
+ * weights, under every filter and with penalties; cn_sampler_draw from it matches too; neither
+ * dist nor a greedy sample touches the stream, and draw consumes exactly one uniform. */
+static void test_dist_is_what_sample_draws(void **state) {
+    (void)state;
+    enum { V = 12 };
+    const float l[V] = {1.0f, 0.5f, 2.0f, -1.0f, 0.0f, 1.5f, -0.5f, 0.8f, 1.9f, -2.0f, 0.3f, 1.1f};
+    cn_sampler_params ps[5];
+    ps[0] = plain(1.0f, 3);
+    ps[1] = plain(0.7f, 4);
+    ps[1].top_k = 5;
+    ps[2] = plain(1.3f, 15);
+    ps[2].top_p = 0.8f;
+    ps[3] = plain(1.0f, 6);
+    ps[3].min_p = 0.3f;
+    ps[4] = plain(0.9f, 7);
+    ps[4].repeat_penalty = 1.4f;
+    ps[4].presence_penalty = 0.2f;
+    for (int k = 0; k < 5; k++) {
+        cn_sampler s = open_sampler(&ps[k], V);
+        if (k == 4) {
+            cn_sampler_accept(&s, 2);
+            cn_sampler_accept(&s, 8);
+        }
+        float probs[V];
+        double want[V], freq[V], sum = 0;
+        int32_t best = cn_sampler_dist(&s, l, probs);
+        int df = -1;
+        for (int i = 0; i < V; i++) {
+            want[i] = probs[i];
+            sum += probs[i];
+            df += probs[i] > 0;
+            assert_true(probs[i] <= probs[best]);
+        }
+        assert_true(fabs(sum - 1.0) < 1e-5);
+        draw_many(&s, l, freq);
+        /* 0.1% critical values of chi-square for df 1..11 */
+        static const double crit[] = {0, 10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32, 26.12, 27.88, 29.59, 31.26};
+        assert_matches(freq, want, V, crit[df > 0 ? df : 1]);
+        for (int i = 0; i < V; i++) freq[i] = 0;
+        for (int d = 0; d < N_DRAWS; d++) freq[cn_sampler_draw(&s, probs)] += 1.0 / N_DRAWS;
+        assert_matches(freq, want, V, crit[df > 0 ? df : 1]);
+        cn_sampler_free(&s);
+    }
+    /* the stream: dist consumes nothing, draw exactly one uniform */
+    cn_sampler a = open_sampler(&ps[0], V), b = open_sampler(&ps[0], V);
+    float probs[V];
+    cn_sampler_dist(&a, l, probs);
+    (void)cn_sampler_draw(&a, probs);
+    (void)cn_sampler_uniform(&b);
+    assert_int_equal(cn_sampler_sample(&a, l), cn_sampler_sample(&b, l));
+    cn_sampler_free(&a);
+    cn_sampler_free(&b);
+    /* greedy: one-hot on the argmax */
+    cn_sampler g = open_sampler(&ps[0], V);
+    g.params.temperature = 0;
+    assert_int_equal(cn_sampler_dist(&g, l, probs), 2);
+    for (int i = 0; i < V; i++) assert_true(probs[i] == (i == 2 ? 1.0f : 0.0f));
+    float none[V] = {0};
+    assert_int_equal(cn_sampler_draw(&g, none), -1);
+    cn_sampler_free(&g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults_match_ollama),
+        cmocka_unit_test(test_dist_is_what_sample_draws),
         cmocka_unit_test(test_invalid_params_rejected),
         cmocka_unit_test(test_greedy_argmax_lowest_id_on_ties),
         cmocka_unit_test(test_logits_not_modified),

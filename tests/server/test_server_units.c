@@ -140,6 +140,23 @@ static void test_builders(void **st) {
     snprintf(b, sizeof b, "{\"model\":\"tiny:latest\",%s,\"options\":{\"num_predict\":5,\"stop\":[\"a\"]}}", msgs);
     assert_int_equal(status_of(cn_ollama_chat_request, b, NULL), 200);
     assert_int_equal(status_of(cn_ollama_generate_request, "{\"model\":\"tiny\",\"prompt\":\"x\"}", NULL), 200);
+    /* options.speculate: a bool per request, false decodes plainly */
+    assert_int_equal(status_of(cn_ollama_generate_request, "{\"model\":\"tiny\",\"prompt\":\"x\",\"options\":{\"speculate\":false}}", NULL), 200);
+    assert_int_equal(status_of(cn_ollama_generate_request, "{\"model\":\"tiny\",\"prompt\":\"x\",\"options\":{\"speculate\":1}}", "speculate"), 400);
+    {
+        cn_api_env env = {.model_name = "tiny", .text = g_text, .ctx = 256};
+        cn_job *j = NULL;
+        cn_refusal rf;
+        memset(&rf, 0, sizeof rf);
+        const char *body = "{\"model\":\"tiny\",\"prompt\":\"x\",\"options\":{\"speculate\":false}}";
+        assert_int_equal(cn_ollama_generate_request(&env, body, strlen(body), &j, &rf), 0);
+        assert_int_equal(j->no_speculate, 1);
+        cn_job_unref(j);
+        body = "{\"model\":\"tiny\",\"prompt\":\"x\"}";
+        assert_int_equal(cn_ollama_generate_request(&env, body, strlen(body), &j, &rf), 0);
+        assert_int_equal(j->no_speculate, 0);
+        cn_job_unref(j);
+    }
     assert_int_equal(status_of(cn_openai_completions_request, "{\"model\":\"tiny\",\"prompt\":[\"x\"]}", NULL), 200);
     /* refusals */
     assert_int_equal(status_of(cn_ollama_chat_request, "{", "not valid JSON"), 400);

@@ -1,0 +1,234 @@
+/* cmd_bench_spec.c - `cairn bench --speculate`: self-speculative decoding against plain decoding,
+ * measured in one run on one model.
+ *
+ * Three engines over the same model, each decoding the same random prompts greedily from a cold
+ * cache: plain (speculation off), the default (the depth controller decides: on random weights it
+ * parks, which must cost plain decoding almost nothing), and forced (every round drafts --depth
+ * tokens: acceptance per draft position and committed tokens per verify pass come from it). The
+ * repetitions interleave the three, in rotating order, so that a slower moment of the machine hits all alike; the
+ * median decode rate of each is reported (a best-of picks outliers on a model this fast). Greedy output must be identical across the three; a
+ * difference is reported and fails the command. Without --model a tiny MTP checkpoint is made
+ * in a temporary folder (`cairn make-model --preset tiny`) and removed after.
+ *
+ * --json prints one object: draft_acceptance (drafts kept / proposed, forced run),
+ * speculative_speedup (default ÷ plain decode tokens per second), forced_speedup, the per-position
+ * acceptance, tokens_per_verify and the rates themselves.
+ */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "cli/cli_util.h"
+#include "cli/flags.h"
+#include "engine/engine.h"
+#include "model/synth.h"
+
+/* Removes the files of a folder this command made, then the folder. */
+static void remove_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        char p[4096];
+        while ((e = readdir(d))) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+            unlink(p);
+        }
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
+#define MAX_REPS 64
+
+typedef struct run_stats {
+    double tok_s[MAX_REPS]; /* decode rate of each request */
+    int n;
+    double cpu_s;           /* process CPU seconds of every request (prefill included) */
+    long proposed, accepted, rounds, tokens;
+    long pos_proposed[CN_SPEC_MAX_DEPTH], pos_accepted[CN_SPEC_MAX_DEPTH];
+} run_stats;
+
+static int one(cn_engine *e, const int32_t *prompt, int n, int gen, run_stats *st, int32_t *out,
+               int *n_out) {
+    cn_request r = {.tokens = prompt, .n_tokens = n, .max_tokens = gen};
+    cn_sampler_params_default(&r.sampling);
+    r.sampling.temperature = 0;
+    cn_result res;
+    struct timespec a, b;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &a);
+    int rc = cn_engine_generate(e, &r, &res);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &b);
+    st->cpu_s += (double)(b.tv_sec - a.tv_sec) + (b.tv_nsec - a.tv_nsec) * 1e-9;
+    if (rc) {
+        fprintf(stderr, "cairn: generation failed: %s\n", cn_strerror(rc));
+        free(res.tokens);
+        return rc;
+    }
+    /* the first token comes from the prefill's logits: the decode rate counts the others */
+    double tok_s = res.eval_count > 1 ? (res.eval_count - 1) * 1e3 / (res.eval_ms + 1e-9) : 0;
+    if (st->n < MAX_REPS) st->tok_s[st->n++] = tok_s;
+    st->proposed += res.draft_proposed;
+    st->accepted += res.draft_accepted;
+    st->rounds += res.spec_rounds;
+    st->tokens += res.eval_count;
+    for (int j = 0; j < CN_SPEC_MAX_DEPTH; j++) {
+        st->pos_proposed[j] += res.pos_proposed[j];
+        st->pos_accepted[j] += res.pos_accepted[j];
+    }
+    memcpy(out, res.tokens, (size_t)res.eval_count * sizeof *out);
+    *n_out = res.eval_count;
+    free(res.tokens);
+    return CN_OK;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(run_stats *st) {
+    if (!st->n) return 0;
+    qsort(st->tok_s, (size_t)st->n, sizeof *st->tok_s, cmp_double);
+    return st->n % 2 ? st->tok_s[st->n / 2] : 0.5 * (st->tok_s[st->n / 2 - 1] + st->tok_s[st->n / 2]);
+}
+
+int cn_bench_speculate(int argc, char **argv) {
+    const char *model = NULL;
+    int json = 0, threads = 0, prompt_len = 64, gen = 256, depth = 4, reps = 7;
+    uint64_t seed = 1;
+    cn_flag flags[] = {
+        {"speculate", CN_FLAG_BOOL, &(int){0}, NULL, "this benchmark", 0, 0},
+        {"model", CN_FLAG_STR, &model, "DIR", "a model with an MTP head (default: a tiny one made now)", 0, 0},
+        {"prompt", CN_FLAG_INT, &prompt_len, "N", "prompt tokens (default 64)", 0, 0},
+        {"tokens", CN_FLAG_INT, &gen, "N", "tokens generated per request (default 256)", 0, 0},
+        {"depth", CN_FLAG_INT, &depth, "D", "drafts per round of the forced run (default 4)", 0, 0},
+        {"reps", CN_FLAG_INT, &reps, "N", "requests per engine, median rate reported (default 7)", 0, 0},
+        {"seed", CN_FLAG_U64, &seed, "S", "prompt seed (default 1)", 0, 0},
+        {"threads", CN_FLAG_INT, &threads, "N", "CPU threads (default: all cores)", 0, 0},
+        {"json", CN_FLAG_BOOL, &json, NULL, "print one JSON object", 0, 0},
+        {NULL, 0, NULL, NULL, NULL, 0, 0},
+    };
+    int rc = cn_flags_parse(flags, argc, argv, "bench --speculate [--model DIR] [--depth D] [--json]");
+    if (rc) return rc > 0 ? 0 : 2;
+    if (prompt_len < 1 || gen < 2 || reps < 1 || reps > MAX_REPS || depth < 1 || depth > CN_SPEC_MAX_DEPTH) {
+        fprintf(stderr, "cairn: --prompt >= 1, --tokens >= 2, --reps in 1..%d, --depth in 1..%d\n", MAX_REPS,
+                CN_SPEC_MAX_DEPTH);
+        return 2;
+    }
+    char tmp[] = "/tmp/cairn-bench-spec-XXXXXX";
+    int made = 0;
+    if (!model) {
+        if (!mkdtemp(tmp)) {
+            fprintf(stderr, "cairn: cannot make a temporary folder\n");
+            return 1;
+        }
+        made = 1;
+        cn_synth_opts so;
+        cn_synth_opts_init(&so);
+        cn_err err;
+        cn_err_clear(&err);
+        if (cn_synth_write(tmp, &so, &err)) {
+            fprintf(stderr, "cairn: %s\n", err.msg);
+            remove_dir(tmp);
+            return 1;
+        }
+        model = tmp;
+    }
+    cn_backend *b = NULL;
+    cn_model *m = NULL;
+    int status = 1;
+    cn_engine *eng[3] = {NULL, NULL, NULL};
+    int32_t *prompt = NULL, *outs = NULL;
+    if (cn_cli_open_model(model, NULL, threads, 0, &b, &m)) goto done;
+    if (!cn_model_has_mtp(m)) {
+        fprintf(stderr, "cairn: %s has no MTP head: nothing to speculate with\n", model);
+        goto done;
+    }
+    const cn_config *c = cn_model_config(m);
+    cn_err err;
+    cn_err_clear(&err);
+    /* plain, default (controller), forced depth; cold caches so that every request decodes alike */
+    for (int k = 0; k < 3; k++) {
+        cn_engine_opts o = {.ctx = prompt_len + gen + 8, .no_cache = 1, .no_speculate = k == 0,
+                            .spec_depth = k == 2 ? depth : 0, .spec_fixed = k == 2};
+        if (cn_engine_open(&eng[k], m, &o, &err)) {
+            fprintf(stderr, "cairn: %s\n", err.msg);
+            goto done;
+        }
+        if (!eng[k]->spec) {
+            fprintf(stderr, "cairn: the MTP head of %s cannot draft (recurrent layers)\n", model);
+            goto done;
+        }
+    }
+    prompt = malloc((size_t)prompt_len * sizeof *prompt);
+    outs = malloc((size_t)3 * gen * sizeof *outs);
+    if (!prompt || !outs) goto done;
+    run_stats st[3];
+    memset(st, 0, sizeof st);
+    int identical = 1;
+    uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+    for (int rep = 0; rep < reps; rep++) {
+        for (int i = 0; i < prompt_len; i++) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            prompt[i] = (int32_t)(20 + x % (uint64_t)(c->vocab_size - 20));
+        }
+        int n_out[3];
+        /* the order rotates: whichever runs second in a row tends to run faster (warm caches) */
+        for (int i = 0; i < 3; i++) {
+            int k = (rep + i) % 3;
+            if (one(eng[k], prompt, prompt_len, gen, &st[k], outs + (size_t)k * gen, &n_out[k])) goto done;
+        }
+        for (int k = 1; k < 3; k++)
+            if (n_out[k] != n_out[0] || memcmp(outs, outs + (size_t)k * gen, (size_t)n_out[0] * sizeof *outs))
+                identical = 0;
+    }
+    double plain = median(&st[0]), dflt = median(&st[1]), forced = median(&st[2]);
+    double acc = st[2].proposed ? (double)st[2].accepted / st[2].proposed : 0;
+    double per_verify = st[2].rounds ? (double)(st[2].accepted + st[2].rounds) / st[2].rounds : 0;
+    double speedup = plain > 0 ? dflt / plain : 0, fspeedup = plain > 0 ? forced / plain : 0;
+    /* CPU time is what the process itself spent: on a machine shared with other work it is the
+     * steadier figure (same tokens in every run, so the ratio of times is the ratio of rates) */
+    double cpu_speedup = st[1].cpu_s > 0 ? st[0].cpu_s / st[1].cpu_s : 0;
+    if (json) {
+        printf("{\"model\":\"%s\",\"prompt_tokens\":%d,\"tokens\":%d,\"reps\":%d,\"depth\":%d,", made ? "tiny (made now)" : model,
+               prompt_len, gen, reps, depth);
+        printf("\"plain_tok_s\":%.2f,\"speculative_tok_s\":%.2f,\"forced_tok_s\":%.2f,", plain, dflt, forced);
+        printf("\"draft_acceptance\":%.4f,\"acceptance_per_position\":[", acc);
+        for (int j = 0; j < depth; j++)
+            printf("%s%.4f", j ? "," : "",
+                   st[2].pos_proposed[j] ? (double)st[2].pos_accepted[j] / st[2].pos_proposed[j] : 0.0);
+        printf("],\"tokens_per_verify\":%.3f,\"draft_proposed\":%ld,\"draft_accepted\":%ld,", per_verify,
+               st[2].proposed, st[2].accepted);
+        printf("\"default_rounds\":%ld,\"speculative_speedup\":%.4f,\"forced_speedup\":%.4f,"
+               "\"speculative_speedup_cpu\":%.4f,\"identical\":%s}\n",
+               st[1].rounds, speedup, fspeedup, cpu_speedup, identical ? "true" : "false");
+    } else {
+        printf("model        %s (vocab %d, hidden %d)\n", made ? "tiny, made now" : model, c->vocab_size, c->hidden_size);
+        printf("requests     %d x (%d prompt + %d generated tokens), greedy, cold cache\n", reps, prompt_len, gen);
+        printf("plain        %10.1f tokens/s\n", plain);
+        printf("speculative  %10.1f tokens/s  (controller: %ld verify rounds)  speedup %.3f\n", dflt, st[1].rounds,
+               speedup);
+        printf("forced d=%d   %10.1f tokens/s  speedup %.3f\n", depth, forced, fspeedup);
+        printf("cpu time     speculative / plain: speedup %.3f (whole requests, process CPU time)\n", cpu_speedup);
+        printf("acceptance   %.4f overall, per position:", acc);
+        for (int j = 0; j < depth; j++)
+            printf(" %.3f", st[2].pos_proposed[j] ? (double)st[2].pos_accepted[j] / st[2].pos_proposed[j] : 0.0);
+        printf("\ncommitted    %.3f tokens per verify pass\n", per_verify);
+        printf("output       %s\n", identical ? "identical across the three" : "DIFFERS");
+    }
+    status = identical ? 0 : 1;
+done:
+    for (int k = 0; k < 3; k++) cn_engine_close(eng[k]);
+    free(prompt);
+    free(outs);
+    if (m) cn_cli_close_model(b, m);
+    if (made) remove_dir(tmp);
+    return status;
+}

@@ -1,0 +1,335 @@
+/* speculate.c - the MTP drafter, the speculative round and the depth controller; see
+ * speculate.h for the state machine and invariants. */
+#include "engine/speculate.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "model/config.h"
+
+#define EWMA 0.2           /* weight of a new observation */
+#define ACC_PRIOR 0.6      /* acceptance assumed before any round: optimistic, so it is tried */
+#define PROBE_FIRST 4      /* plain steps of the first park */
+#define PROBE_MAX 512      /* the longest park */
+#define PROBE_DEPTH 1      /* a probe drafts one: the first position gates all the others */
+
+/* ---- open / close ----------------------------------------------------------------------------- */
+
+int cn_spec_open(cn_spec **out, cn_model *m, int max_ctx, int max_depth, int fixed) {
+    const cn_config *c = cn_model_config(m);
+    if (!cn_model_has_mtp(m)) return CN_EINVAL;
+    for (int l = 0; l < c->n_mtp_layers; l++)
+        if (c->mtp_layers[l] == CN_BLOCK_MAMBA) return CN_EINVAL; /* could not be rewound */
+    if (max_depth <= 0) max_depth = 4;
+    if (max_depth > CN_SPEC_MAX_DEPTH) max_depth = CN_SPEC_MAX_DEPTH;
+    cn_spec *sp = calloc(1, sizeof *sp);
+    if (!sp) return CN_ENOMEM;
+    sp->m = m;
+    sp->H = c->hidden_size;
+    sp->V = c->vocab_size;
+    size_t H = (size_t)sp->H, V = (size_t)sp->V, D = CN_SPEC_MAX_DEPTH;
+    int rc = cn_state_create(&sp->draft, m, max_ctx, 1);
+    if (rc) goto fail;
+    sp->last_logits = malloc(V * sizeof(float));
+    sp->last_hidden = malloc(H * sizeof(float));
+    sp->q = malloc(D * V * sizeof(float));
+    sp->p = malloc(V * sizeof(float));
+    sp->vlogits = malloc((D + 1) * V * sizeof(float));
+    sp->vhidden = malloc((D + 1) * H * sizeof(float));
+    sp->mh = malloc(H * sizeof(float));
+    if (!sp->last_logits || !sp->last_hidden || !sp->q || !sp->p || !sp->vlogits || !sp->vhidden || !sp->mh) {
+        rc = CN_ENOMEM;
+        goto fail;
+    }
+    cn_spec_ctl *ctl = &sp->ctl;
+    ctl->max_depth = max_depth;
+    ctl->fixed = fixed;
+    for (int j = 0; j < CN_SPEC_MAX_DEPTH; j++) ctl->acc[j] = ACC_PRIOR;
+    ctl->backoff = PROBE_FIRST;
+    sp->last_at = -1;
+    *out = sp;
+    return CN_OK;
+fail:
+    cn_spec_close(sp);
+    return rc;
+}
+
+static void drop_caps(cn_spec *sp) {
+    for (int i = 0; i < sp->n_caps; i++) cn_rsnap_free(sp->m, &sp->caps[i]);
+    sp->n_caps = 0;
+}
+
+void cn_spec_close(cn_spec *sp) {
+    if (!sp) return;
+    drop_caps(sp);
+    cn_state_free(sp->draft);
+    free(sp->pend_h);
+    free(sp->pend_next);
+    free(sp->last_logits);
+    free(sp->last_hidden);
+    free(sp->q);
+    free(sp->p);
+    free(sp->vlogits);
+    free(sp->vhidden);
+    free(sp->mh);
+    free(sp);
+}
+
+void cn_spec_begin(cn_spec *sp) {
+    drop_caps(sp);
+    sp->n_pend = 0;
+    sp->last_at = -1;
+}
+
+void cn_spec_set_test_oracle(cn_spec *sp, cn_spec_test_oracle_fn fn, void *ctx) {
+    sp->oracle = fn;
+    sp->oracle_ctx = ctx;
+}
+
+/* ---- the draft cache ---------------------------------------------------------------------------- */
+
+/* Forwards the first k pending slots (all known) through the head; the last one's logits and
+ * head output are kept for drafting. */
+static int forward_pending(cn_spec *sp, int k) {
+    if (k <= 0) return CN_OK;
+    size_t H = (size_t)sp->H;
+    int rc = CN_OK;
+    /* The lm_head runs for the last slot only: the others just write their KV rows. */
+    if (k > 1) rc = cn_model_mtp_forward(sp->m, sp->draft, sp->pend_h, sp->pend_next, k - 1, NULL, NULL);
+    if (!rc)
+        rc = cn_model_mtp_forward(sp->m, sp->draft, sp->pend_h + (size_t)(k - 1) * H, sp->pend_next + k - 1,
+                                  1, sp->last_logits, sp->last_hidden);
+    if (rc) return rc;
+    sp->last_at = sp->draft->offset;
+    memmove(sp->pend_h, sp->pend_h + (size_t)k * H, (size_t)(sp->n_pend - k) * H * sizeof(float));
+    memmove(sp->pend_next, sp->pend_next + k, (size_t)(sp->n_pend - k) * sizeof(int32_t));
+    sp->n_pend -= k;
+    return CN_OK;
+}
+
+static int known(const cn_spec *sp) {
+    return sp->n_pend && sp->pend_next[sp->n_pend - 1] < 0 ? sp->n_pend - 1 : sp->n_pend;
+}
+
+int cn_spec_flush(cn_spec *sp) { return forward_pending(sp, known(sp)); }
+
+int cn_spec_feed(cn_spec *sp, const float *hidden, const int32_t *next, int k, int keep_last) {
+    if (k <= 0) return CN_OK;
+    if (sp->n_pend && sp->pend_next[sp->n_pend - 1] < 0) return CN_EINVAL; /* the last pair is open */
+    size_t H = (size_t)sp->H;
+    if (sp->n_pend + k > sp->cap_pend) {
+        int cap = sp->cap_pend ? sp->cap_pend : 64;
+        while (cap < sp->n_pend + k) cap *= 2;
+        float *h = realloc(sp->pend_h, (size_t)cap * H * sizeof *h);
+        if (!h) return CN_ENOMEM;
+        sp->pend_h = h;
+        int32_t *nx = realloc(sp->pend_next, (size_t)cap * sizeof *nx);
+        if (!nx) return CN_ENOMEM;
+        sp->pend_next = nx;
+        sp->cap_pend = cap;
+    }
+    memcpy(sp->pend_h + (size_t)sp->n_pend * H, hidden, (size_t)k * H * sizeof(float));
+    memcpy(sp->pend_next + sp->n_pend, next, (size_t)k * sizeof *next);
+    sp->n_pend += k;
+    /* Plain decoding batches the head's work; the newest known slot stays pending so that the
+     * next proposal has its logits without re-running anything. */
+    if (keep_last && sp->n_pend > CN_SPEC_FLUSH) return forward_pending(sp, known(sp) - 1);
+    return CN_OK;
+}
+
+void cn_spec_close_pair(cn_spec *sp, int32_t next) {
+    if (sp->n_pend && sp->pend_next[sp->n_pend - 1] < 0) sp->pend_next[sp->n_pend - 1] = next;
+}
+
+/* ---- the round ---------------------------------------------------------------------------------- */
+
+/* Drafts d tokens: the flush's last row proposes d1, then the head runs on its own output. Each
+ * draft is the sampler's choice from the head's logits (q filled for sampling). The speculative
+ * draft rows are dropped before returning. */
+static int propose(cn_spec *sp, cn_sampler *smp, int d, int greedy) {
+    size_t V = (size_t)sp->V;
+    int committed = sp->draft->offset, rc = CN_OK;
+    if (sp->oracle) {
+        if (sp->oracle(sp->oracle_ctx, sp->round_p + 1, d, sp->drafts)) return CN_EINVAL;
+        for (int j = 0; j < d; j++) {
+            if (sp->drafts[j] < 0 || sp->drafts[j] >= sp->V) return CN_EINVAL;
+            if (greedy) continue;
+            memset(sp->q + j * V, 0, V * sizeof(float));
+            sp->q[j * V + (size_t)sp->drafts[j]] = 1.0f; /* one-hot proposal */
+        }
+        return CN_OK;
+    }
+    memcpy(sp->mh, sp->last_hidden, (size_t)sp->H * sizeof(float));
+    const float *logits = sp->last_logits;
+    for (int j = 0; j < d && !rc; j++) {
+        if (j > 0) {
+            /* slot P-1+j: the head's own output with the previous draft */
+            rc = cn_model_mtp_forward(sp->m, sp->draft, sp->mh, &sp->drafts[j - 1], 1, sp->vlogits, sp->mh);
+            logits = sp->vlogits;
+            if (rc) break;
+        }
+        if (greedy) sp->drafts[j] = cn_sampler_sample(smp, logits);
+        else {
+            cn_sampler_dist(smp, logits, sp->q + j * V);
+            sp->drafts[j] = cn_sampler_draw(smp, sp->q + j * V);
+        }
+    }
+    sp->draft->offset = committed; /* speculative rows are junk from here on */
+    return rc;
+}
+
+int cn_spec_round(cn_spec *sp, cn_state *live, cn_sampler *smp, int32_t cur, int depth) {
+    size_t V = (size_t)sp->V;
+    int greedy = smp->params.temperature == 0.0f, rc;
+    if (depth < 1 || depth > CN_SPEC_MAX_DEPTH || sp->n_caps) return CN_EINVAL;
+    sp->round_p = live->offset;
+    sp->round_d = depth;
+    sp->n_out = sp->n_acc = 0;
+    /* LEVEL: the newest pending slot is (hidden P-1, cur); flushing it proposes d1. */
+    cn_spec_close_pair(sp, cur);
+    if ((rc = cn_spec_flush(sp))) return rc;
+    if (sp->draft->offset != live->offset || sp->last_at != live->offset) return CN_EINVAL;
+    if ((rc = propose(sp, smp, depth, greedy))) return rc;
+
+    /* One target forward over [cur, d1..dd], a capture at every position past cur. */
+    int32_t toks[CN_SPEC_MAX_DEPTH + 1];
+    int at[CN_SPEC_MAX_DEPTH];
+    toks[0] = cur;
+    for (int j = 0; j < depth; j++) {
+        toks[j + 1] = sp->drafts[j];
+        at[j] = sp->round_p + 1 + j;
+    }
+    cn_batch bt = {.tokens = toks, .n = depth + 1, .all_logits = 1, .logits = sp->vlogits,
+                   .hidden = sp->vhidden, .capture_at = at, .n_capture = depth, .captures = sp->caps};
+    if ((rc = cn_model_forward(sp->m, live, &bt))) return rc;
+    sp->n_caps = depth;
+
+    /* Accept: row j is the target's view of position P+1+j. */
+    for (int j = 0; j <= depth; j++) {
+        const float *row = sp->vlogits + (size_t)j * V;
+        int32_t t;
+        if (j == depth) {
+            t = cn_sampler_sample(smp, row); /* all kept: the bonus token, drawn from p */
+        } else if (greedy) {
+            t = cn_sampler_sample(smp, row); /* argmax (with penalties): no draw */
+            if (t == sp->drafts[j]) {
+                sp->out[sp->n_out++] = t;
+                sp->n_acc++;
+                cn_sampler_accept(smp, t);
+                continue;
+            }
+        } else {
+            const float *q = sp->q + (size_t)j * V;
+            int32_t d = sp->drafts[j];
+            cn_sampler_dist(smp, row, sp->p);
+            /* accept with probability min(1, p/q): q(d) > 0 since d was drawn from q */
+            if (cn_sampler_uniform(smp) * q[d] < sp->p[d]) {
+                sp->out[sp->n_out++] = d;
+                sp->n_acc++;
+                cn_sampler_accept(smp, d);
+                continue;
+            }
+            /* rejected: the normalised residual max(0, p - q) */
+            for (size_t i = 0; i < V; i++) {
+                float r = sp->p[i] - q[i];
+                sp->p[i] = r > 0.0f ? r : 0.0f;
+            }
+            t = cn_sampler_draw(smp, sp->p);
+            if (t < 0) t = cn_sampler_sample(smp, row); /* p == q up to rounding: p itself */
+        }
+        sp->out[sp->n_out++] = t;
+        cn_sampler_accept(smp, t);
+        break;
+    }
+    return CN_OK;
+}
+
+int cn_spec_commit(cn_spec *sp, cn_state *live, int keep) {
+    int rc = CN_OK;
+    if (keep < 0 || keep >= sp->n_out) keep = sp->n_out - 1;
+    int target = sp->round_p + 1 + keep;
+    if (keep >= 0 && target < live->offset) {
+        /* Attention rewinds by offset; Mamba loads the state captured at exactly `target`. */
+        rc = cn_state_restore(live, &sp->caps[keep]);
+    }
+    drop_caps(sp);
+    if (rc || keep < 0) return rc;
+    /* Draft slots P..P+keep from the target's hiddens: accepted or not, no speculative row stays. */
+    return cn_spec_feed(sp, sp->vhidden, sp->out, keep + 1, 1);
+}
+
+/* ---- the depth controller ----------------------------------------------------------------------- */
+
+/* Expected tokens committed by a round of depth d: the drawn token plus every kept draft. */
+static double expected(const cn_spec_ctl *c, int d) {
+    double e = 1.0, run = 1.0;
+    for (int j = 0; j < d; j++) {
+        run *= c->acc[j];
+        e += run;
+    }
+    return e;
+}
+
+static int best_depth(const cn_spec_ctl *c, int budget) {
+    double a = c->plain_ms > 0 ? c->plain_ms : 1.0;
+    double b = c->has_extra ? c->extra_ms : 0.3 * a; /* a draft costs a third of a step, at first */
+    if (b < 0) b = 0;
+    int best = 0;
+    double best_rate = 1.0 / a;
+    for (int d = 1; d <= c->max_depth && d <= budget; d++) {
+        double rate = expected(c, d) / (a + b * d);
+        if (rate > best_rate * 1.0001) {
+            best_rate = rate;
+            best = d;
+        }
+    }
+    return best;
+}
+
+int cn_spec_ctl_pick(cn_spec_ctl *c, int budget) {
+    if (budget <= 0) return 0;
+    int cap = budget < c->max_depth ? budget : c->max_depth;
+    if (c->fixed) return cap;
+    if (c->parked) {
+        if (c->park_left > 0) {
+            c->park_left--;
+            return 0;
+        }
+        return PROBE_DEPTH < cap ? PROBE_DEPTH : cap; /* a probe */
+    }
+    int d = best_depth(c, cap);
+    if (d == 0) {
+        c->parked = 1;
+        c->park_left = c->backoff;
+    }
+    return d;
+}
+
+void cn_spec_ctl_plain(cn_spec_ctl *c, double ms) {
+    c->plain_ms = c->plain_ms > 0 ? (1 - EWMA) * c->plain_ms + EWMA * ms : ms;
+}
+
+void cn_spec_ctl_round(cn_spec_ctl *c, int depth, int accepted, double ms) {
+    /* acceptance of position j is conditional on the drafts before it being kept */
+    for (int j = 0; j < depth && j <= accepted; j++)
+        c->acc[j] = (1 - EWMA) * c->acc[j] + EWMA * (j < accepted ? 1.0 : 0.0);
+    if (c->plain_ms > 0 && depth > 0) {
+        double extra = (ms - c->plain_ms) / depth;
+        c->extra_ms = c->has_extra ? (1 - EWMA) * c->extra_ms + EWMA * extra : extra;
+        c->has_extra = 1;
+    }
+    if (c->fixed) return;
+    if (c->parked) {
+        /* the probe decides: resume, or park twice as long */
+        int cap = c->max_depth;
+        if (best_depth(c, cap) > 0) {
+            c->parked = 0;
+            c->backoff = PROBE_FIRST;
+        } else {
+            c->backoff = c->backoff * 2 > PROBE_MAX ? PROBE_MAX : c->backoff * 2;
+            c->park_left = c->backoff;
+        }
+    }
+}
