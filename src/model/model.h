@@ -96,6 +96,29 @@ typedef struct cn_model_stats {
 } cn_model_stats;
 void cn_model_stats_get(const cn_model *m, cn_model_stats *st);
 
+/* What one decoded token streams from memory, from the checkpoint's tensors and the config (for
+ * `cairn bench`). Weight bytes are as stored (block scales included): every tensor of the main
+ * model once, except that the embedding counts one row (the whole table when it is tied to
+ * lm_head, which reads it all) and the routed experts of each MoE layer count k of E (every expert
+ * of a layer has the same size, so that is exactly the bytes of the k chosen ones); MTP tensors
+ * are left out. State bytes are reads of the sequence's caches: each Mamba layer's conv tail and
+ * SSM state (F32), and each attention layer's K and V rows (F32) per token of context. */
+typedef struct cn_decode_traffic {
+    uint64_t weights;          /* weight bytes per decoded token, all of the below */
+    uint64_t weights_outer;    /* outside backbone.layers.*: embedding row, norm_f, lm_head */
+    uint64_t weights_layer[4]; /* summed over the layers of each type: [0] M, [1] *, [2] E, [3] - */
+    int n_layer[4];            /* layers of each type, same index */
+    uint64_t state_fixed;      /* recurrent state read per token (independent of context) */
+    uint64_t kv_per_ctx;       /* KV bytes read per token of context */
+    uint64_t prefill_params;   /* matrix parameters one prefill token goes through: active
+                                * params less the embedding and lm_head (computed for the last
+                                * position only) */
+    uint64_t prefill_params_layer[4]; /* the part of prefill_params in each layer type */
+} cn_decode_traffic;
+/* Index into weights_layer / n_layer for a block type (M 0, * 1, E 2, - 3). */
+int cn_block_index(cn_block type);
+void cn_model_decode_traffic(const cn_model *m, cn_decode_traffic *out);
+
 /* Absorbs b->n tokens into s at its offset. CN_ECONTEXT if they do not fit, CN_EINVAL for a token
  * id outside the vocabulary or capture offsets out of range (state unchanged in both cases). */
 int cn_model_forward(cn_model *m, cn_state *s, cn_batch *b);

@@ -1,0 +1,653 @@
+/* bench_model.c - `cairn bench [--model DIR | --preset NAME]`: prefill and decode speed of one
+ * model, each figure set against this machine's limits measured in the same run.
+ *
+ * What it measures, in this order, on one model and one backend:
+ *   machine   peak_gops: cn_probe_peak of the instruction kind the weights' matmuls run (NVFP4:
+ *             int8 VNNI dot products; BF16, FP8, MXFP8: fp32 FMA), every thread.
+ *   warm-up   one forward of min(256, --prompt) tokens and a few decodes (touches the weights:
+ *             page-table setup never lands in a timed run), not reported.
+ *   prefill512, prefill (2048)
+ *             a fresh state absorbs --prompt-short / --prompt random tokens in one
+ *             cn_model_forward (logits of the last position only): tokens / seconds.
+ *   decode    a fresh state decodes --gen tokens one cn_model_decode at a time, each the argmax
+ *             of the previous logits: tokens / seconds.
+ *   decode_8k a fresh state absorbs --context tokens (timed apart, reported as prefill_ctx), then
+ *             decodes --gen tokens as above.
+ * Each of the four timed runs is bracketed by a bandwidth probe right before and right after it
+ * (cn_probe_bandwidth: a streaming read of a --probe-mb buffer on every thread). A run whose two
+ * probes differ by more than 10% is marked unreliable: memory bandwidth on the shared machines
+ * this was written on switches between two levels every few minutes. Each run also reports its
+ * cpu_share, process CPU seconds / (wall seconds * threads): below 1, other jobs held the cores.
+ *
+ * Figures (formulas, also in the report):
+ *   bytes_per_token      = W + S + KV * c, cn_model_decode_traffic (model.h): W the weight bytes
+ *                          one decoded token streams (every main tensor as stored, k of E routed
+ *                          experts per MoE layer, one embedding row, lm_head whole), S the
+ *                          recurrent state read (conv tails + SSM states), KV the K/V bytes read
+ *                          per token of context, c the mean context over the timed decode.
+ *   mem_bw_gbs           = mean of the decode run's two probes.
+ *   decode_roofline_ratio = decode_tok_s / (mem_bw_gbs * 1e9 / bytes_per_token).
+ *   prefill_gops         = 2 * P * prefill_tok_s / 1e9, P the matrix parameters a prefill token
+ *                          passes through (active params less the embedding and lm_head, which
+ *                          prefill runs for the last position only). Attention's score/value
+ *                          products and the SSM scan are not counted: the ratio is a floor.
+ *   prefill_compute_ratio = prefill_gops (2048-token prompt) / peak_gops.
+ *   peak_memory_bytes    = VmHWM of /proc/self/status less the probe buffer (allocated first and
+ *                          resident throughout), the high-water mark reset (clear_refs 5) once the
+ *                          preset is built, so building the checkpoint does not count.
+ * With a --layers slice of a preset, full_model projects the whole preset: bytes per token and
+ * prefill parameters scaled from the slice's per-layer-type figures, and the tok/s the full
+ * model would reach at the slice's roofline ratio and op rate. Projections, labelled as such.
+ *
+ * Presets are built into a directory on tmpfs (/dev/shm) when memory allows, else under $TMPDIR:
+ * a tmpfs file is RAM, and mapping it gives the weights in memory without a second copy, loaded
+ * by exactly the code that maps a published checkpoint (what is timed is what serves). BF16 is
+ * written by cn_synth_write (synth.h), other formats converted from it by cn_quantize_dir with
+ * NVIDIA's module choices (quantize.h). The directory is removed at the end unless --work-dir
+ * names where to keep it (and reuse it next time).
+ *
+ * Never asserts a speed; exit status 0, 1 (a step failed, message on stderr) or 2 (usage).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "cli/bench_probe.h"
+#include "cli/cli.h"
+#include "cli/cli_util.h"
+#include "cli/flags.h"
+#include "model/quantize.h"
+#include "model/state.h"
+#include "model/synth.h"
+#include "tensor/backends.h"
+
+static const char kSynopsis[] =
+    "bench [--model DIR | --preset " CN_SYNTH_PRESETS " [--layers N]] [--weights bf16|fp8|mxfp8|nvfp4] "
+    "[--prompt N] [--gen N] [--json]";
+
+#define UNRELIABLE_SPREAD 0.10 /* probes further apart than this mark a run unreliable */
+#define PROBE_PASSES 3
+#define PEAK_SECONDS 0.6
+#define N_TYPES 4 /* cn_block_index */
+
+static double clock_s(clockid_t id) {
+    struct timespec ts;
+    clock_gettime(id, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static double now_s(void) { return clock_s(CLOCK_MONOTONIC); }
+
+/* ---- the checkpoint ------------------------------------------------------------------------- */
+
+/* Bytes of MemAvailable, 0 if unknown. */
+static uint64_t mem_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[256];
+    unsigned long long kb = 0;
+    if (!f) return 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (uint64_t)kb << 10;
+}
+
+static uint64_t fs_free(const char *dir) {
+    struct statvfs v;
+    if (statvfs(dir, &v)) return 0;
+    return (uint64_t)v.f_bavail * v.f_frsize;
+}
+
+/* Where to build a checkpoint of `need` bytes: tmpfs if it and RAM have room (with 2 GiB to
+ * spare for the run itself), else $TMPDIR or /tmp. */
+static const char *build_base(uint64_t need) {
+    const uint64_t spare = (uint64_t)2 << 30;
+    if (access("/dev/shm", W_OK) == 0 && fs_free("/dev/shm") > need + spare &&
+        mem_available() > need + spare)
+        return "/dev/shm";
+    const char *t = getenv("TMPDIR");
+    return t && *t ? t : "/tmp";
+}
+
+/* Removes dir and the plain files in it (what synth and quantize write). */
+static void remove_dir(const char *dir) {
+    DIR *d = opendir(dir);
+    if (d) {
+        struct dirent *e;
+        char path[4400];
+        while ((e = readdir(d)))
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+                snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+                unlink(path);
+            }
+        closedir(d);
+    }
+    rmdir(dir);
+}
+
+static int has_checkpoint(const char *dir) {
+    char p[4200];
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    if (access(p, R_OK)) return 0;
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    if (access(p, R_OK) == 0) return 1;
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    return access(p, R_OK) == 0;
+}
+
+typedef struct ckpt {
+    char dir[4096];   /* what the bench loads */
+    char tmp[4096];   /* a directory to remove at the end ("" if none) */
+    double build_s;   /* seconds spent building (0 if reused or given) */
+    int reused;
+} ckpt;
+
+static int quantize_into(const char *in, const char *out, cn_qalgo algo) {
+    cn_quantize_opts q = {.in_dir = in, .out_dir = out, .algo = algo};
+    cn_err err;
+    cn_err_clear(&err);
+    if (cn_quantize_dir(&q, NULL, &err)) {
+        fprintf(stderr, "cairn: quantize %s: %s\n", in, err.msg);
+        return 1;
+    }
+    return 0;
+}
+
+/* Builds (or finds) the checkpoint to bench. Returns 0, or 1 with the message printed. */
+static int ckpt_prepare(ckpt *c, const char *model, const char *preset, int layers, uint64_t seed,
+                        const char *weights, cn_qalgo algo, const char *work_dir) {
+    memset(c, 0, sizeof *c);
+    double t0 = now_s();
+    if (model && algo == CN_QALGO_NONE) { /* as stored */
+        snprintf(c->dir, sizeof c->dir, "%s", model);
+        return 0;
+    }
+    uint64_t need = 0;
+    cn_synth_opts o;
+    cn_synth_opts_init(&o);
+    if (preset) {
+        o.preset = preset;
+        o.seed = seed;
+        o.mtp = 0;
+        o.layers = layers;
+        cn_synth_info info;
+        cn_err err;
+        cn_err_clear(&err);
+        if (cn_synth_describe(&o, &info, &err)) {
+            fprintf(stderr, "cairn: %s\n", err.msg);
+            return 1;
+        }
+        need = info.tensor_bytes * (algo == CN_QALGO_NONE ? 1 : 2);
+    }
+    /* the directory to load */
+    if (work_dir) {
+        mkdir(work_dir, 0755);
+        if (preset)
+            snprintf(c->dir, sizeof c->dir, "%s/%s-L%d-s%llu-%s", work_dir, preset, layers,
+                     (unsigned long long)seed, weights);
+        else
+            snprintf(c->dir, sizeof c->dir, "%s/model-%s", work_dir, weights);
+        if (has_checkpoint(c->dir)) {
+            c->reused = 1;
+            return 0;
+        }
+    } else {
+        snprintf(c->tmp, sizeof c->tmp, "%s/cairn-bench-XXXXXX", build_base(need));
+        if (!mkdtemp(c->tmp)) {
+            fprintf(stderr, "cairn: cannot create a directory %s: %s\n", c->tmp, strerror(errno));
+            c->tmp[0] = '\0';
+            return 1;
+        }
+        snprintf(c->dir, sizeof c->dir, "%s", c->tmp);
+    }
+    fprintf(stderr, "cairn: building %s %s weights in %s ...\n", preset ? preset : model, weights, c->dir);
+    int rc = 0;
+    if (!preset) {
+        rc = quantize_into(model, c->dir, algo);
+    } else if (algo == CN_QALGO_NONE) {
+        cn_err err;
+        cn_err_clear(&err);
+        if ((rc = cn_synth_write(c->dir, &o, &err) ? 1 : 0)) fprintf(stderr, "cairn: %s\n", err.msg);
+    } else {
+        char bf[4200];
+        snprintf(bf, sizeof bf, "%s.bf16", c->dir);
+        cn_err err;
+        cn_err_clear(&err);
+        if (cn_synth_write(bf, &o, &err)) {
+            fprintf(stderr, "cairn: %s\n", err.msg);
+            rc = 1;
+        } else {
+            rc = quantize_into(bf, c->dir, algo);
+        }
+        remove_dir(bf);
+    }
+    c->build_s = now_s() - t0;
+    return rc;
+}
+
+static void ckpt_release(ckpt *c) {
+    if (c->tmp[0]) remove_dir(c->tmp);
+    c->tmp[0] = '\0';
+}
+
+/* ---- measurement ---------------------------------------------------------------------------- */
+
+typedef struct run {
+    const char *name;
+    int tokens;           /* timed tokens */
+    int ctx0;             /* context before the first timed token */
+    double seconds;
+    double cpu_share;     /* process CPU seconds / (seconds * threads): below 1, others had cores */
+    double tok_s;
+    double bw_before, bw_after; /* GB/s */
+    double bw;            /* their mean */
+    int reliable;
+} run;
+
+typedef struct bench {
+    cn_model *m;
+    cn_state *s;
+    cn_pool *pool;
+    int n_threads;
+    void *probe;
+    size_t probe_bytes;
+    int32_t *toks;        /* [max_ctx] random prompt ids */
+    float *logits;        /* [vocab] */
+    int vocab;
+} bench;
+
+static double probe_bw(bench *B) {
+    return cn_probe_bandwidth(B->pool, B->probe, B->probe_bytes, PROBE_PASSES);
+}
+
+static int prefill(bench *B, int n) {
+    cn_batch b = {.tokens = B->toks, .n = n, .logits = B->logits};
+    return cn_model_forward(B->m, B->s, &b);
+}
+
+static int argmax(const float *v, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[best]) best = i;
+    return best;
+}
+
+static int decode(bench *B, int n) {
+    int32_t t = B->toks[0];
+    for (int i = 0; i < n; i++) {
+        int rc = cn_model_decode(B->m, B->s, t, B->logits);
+        if (rc) return rc;
+        t = argmax(B->logits, B->vocab);
+    }
+    return 0;
+}
+
+/* Runs one measurement: fresh state, `ctx` untimed prompt tokens, then the timed part (a prefill
+ * of n tokens, or n decodes) between two bandwidth probes. */
+static int measure(bench *B, run *r, const char *name, int is_decode, int ctx, int n,
+                   double *ctx_seconds) {
+    memset(r, 0, sizeof *r);
+    r->name = name;
+    r->tokens = n;
+    r->ctx0 = ctx;
+    int rc = cn_state_reset(B->s);
+    if (!rc && ctx > 0) {
+        double t0 = now_s();
+        rc = prefill(B, ctx);
+        if (ctx_seconds) *ctx_seconds = now_s() - t0;
+    }
+    if (rc) return rc;
+    r->bw_before = probe_bw(B);
+    double t0 = now_s(), c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
+    rc = is_decode ? decode(B, n) : prefill(B, n);
+    r->seconds = now_s() - t0;
+    double cpu = clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0;
+    r->cpu_share = r->seconds > 0 ? cpu / (r->seconds * B->n_threads) : 0;
+    r->bw_after = probe_bw(B);
+    if (rc) return rc;
+    r->tok_s = r->seconds > 0 ? n / r->seconds : 0;
+    r->bw = (r->bw_before + r->bw_after) / 2;
+    double lo = fmin(r->bw_before, r->bw_after), hi = fmax(r->bw_before, r->bw_after);
+    r->reliable = lo > 0 && (hi - lo) / lo <= UNRELIABLE_SPREAD;
+    fprintf(stderr, "cairn: %-10s %6d tokens in %8.3f s: %9.2f tok/s (cpu share %.2f, probes %.1f / %.1f GB/s%s)\n",
+            name, n, r->seconds, r->tok_s, r->cpu_share, r->bw_before, r->bw_after, r->reliable ? "" : ", unreliable");
+    return 0;
+}
+
+/* VmHWM in bytes, 0 if unreadable. */
+static uint64_t vm_hwm(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    unsigned long long kb = 0;
+    if (!f) return 0;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (uint64_t)kb << 10;
+}
+
+/* Resets VmHWM to the current RSS (Linux clear_refs 5). 1 on success. */
+static int reset_hwm(void) {
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (!f) return 0;
+    int ok = fputs("5", f) >= 0;
+    ok &= fclose(f) == 0;
+    return ok;
+}
+
+/* The stored weight format, from the bytes per dtype. NVFP4 stores U8 weights with E4M3 scales
+ * (an eighth of their bytes), MXFP8 E4M3 weights with U8 scales (a thirty-second), FP8 E4M3
+ * weights alone; whatever else is kept (embeddings, lm_head, attention) stays BF16 or F32. */
+static const char *stored_format(const cn_model_stats *st) {
+    uint64_t u8 = st->bytes[CN_U8], f8 = st->bytes[CN_F8_E4M3];
+    if (u8 && u8 > f8) return "nvfp4";
+    if (f8) return u8 ? "mxfp8" : "fp8";
+    if (st->bytes[CN_F32] > st->bytes[CN_BF16] && st->bytes[CN_F32] > st->bytes[CN_F16]) return "f32";
+    return st->bytes[CN_F16] > st->bytes[CN_BF16] ? "f16" : "bf16";
+}
+
+/* ---- report --------------------------------------------------------------------------------- */
+
+static cJSON *run_json(const run *r) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "tokens", r->tokens);
+    cJSON_AddNumberToObject(o, "context", r->ctx0);
+    cJSON_AddNumberToObject(o, "seconds", r->seconds);
+    cJSON_AddNumberToObject(o, "tok_s", r->tok_s);
+    cJSON_AddNumberToObject(o, "cpu_share", r->cpu_share);
+    cJSON_AddNumberToObject(o, "probe_before_gbs", r->bw_before);
+    cJSON_AddNumberToObject(o, "probe_after_gbs", r->bw_after);
+    cJSON_AddBoolToObject(o, "reliable", r->reliable);
+    return o;
+}
+
+static int pattern_counts(const char *pat, int n[N_TYPES]) {
+    memset(n, 0, N_TYPES * sizeof *n);
+    int len = 0;
+    for (; pat[len]; len++) n[cn_block_index((cn_block)pat[len])]++;
+    return len;
+}
+
+int cn_bench_model(int argc, char **argv) {
+    const char *model = NULL, *preset = NULL, *weights = NULL, *backend = NULL, *work_dir = NULL;
+    int layers = 0, prompt = 2048, prompt_short = -1, context = 8192, gen = 64, threads = 0, ubatch = 0;
+    int probe_mb = 512, json = 0;
+    uint64_t seed = 0;
+    cn_flag flags[] = {
+        {"model", CN_FLAG_STR, &model, "DIR", "model directory to bench", 0, 0},
+        {"preset", CN_FLAG_STR, &preset, "NAME", "random weights of a preset's shapes: " CN_SYNTH_PRESETS, 0, 0},
+        {"layers", CN_FLAG_INT, &layers, "N", "with --preset: its first N layers (figures for the whole preset are projected)", 0, 0},
+        {"seed", CN_FLAG_U64, &seed, "N", "with --preset: random seed (default 0)", 0, 0},
+        {"weights", CN_FLAG_STR, &weights, "T", "bf16 (default for a preset), fp8, mxfp8, nvfp4; with --model, converts it", 0, 0},
+        {"prompt", CN_FLAG_INT, &prompt, "N", "tokens of the long prefill (default 2048)", 0, 0},
+        {"prompt-short", CN_FLAG_INT, &prompt_short, "N", "tokens of the short prefill (default min(512, --prompt))", 0, 0},
+        {"context", CN_FLAG_INT, &context, "N", "context before the second decode run (default 8192)", 0, 0},
+        {"gen", CN_FLAG_INT, &gen, "N", "tokens per decode run (default 64)", 0, 0},
+        {"threads", CN_FLAG_INT, &threads, "N", "CPU threads, model and probes (default: all cores)", 0, 0},
+        {"backend", CN_FLAG_STR, &backend, "NAME", "cpu, cuda or cuda:N (default: $CAIRN_BACKEND or cpu)", 0, 0},
+        {"ubatch", CN_FLAG_INT, &ubatch, "N", "tokens per forward chunk (default: the model's)", 0, 0},
+        {"probe-mb", CN_FLAG_INT, &probe_mb, "MB", "bandwidth probe buffer in MiB, far above the caches (default 512)", 0, 0},
+        {"work-dir", CN_FLAG_STR, &work_dir, "DIR", "build the preset's checkpoint here and keep it (reused when present)", 0, 0},
+        {"json", CN_FLAG_BOOL, &json, NULL, "print one JSON object", 0, 0},
+        {NULL, 0, NULL, NULL, NULL, 0, 0},
+    };
+    int rc = cn_flags_parse(flags, argc, argv, kSynopsis);
+    if (rc) {
+        if (rc == 1)
+            fputs("\nother benchmarks: cairn bench tokenizer | cache [options]\n", stdout);
+        return rc > 0 ? 0 : 2;
+    }
+    const char *bad = NULL;
+    if (!!model == !!preset) bad = "give exactly one of --model and --preset";
+    else if (layers && !preset) bad = "--layers needs --preset";
+    else if (layers < 0) bad = "--layers must not be negative";
+    else if (prompt < 1 || context < 1 || gen < 1) bad = "--prompt, --context and --gen must be at least 1";
+    else if (prompt_short == 0 || prompt_short < -1) bad = "--prompt-short must be at least 1";
+    else if (probe_mb < 1 || probe_mb > (1 << 20)) bad = "--probe-mb must be in 1..1048576";
+    else if (ubatch < 0) bad = "--ubatch must not be negative";
+    cn_qalgo algo = CN_QALGO_NONE;
+    if (!bad && weights) {
+        if (!strcmp(weights, "nvfp4")) algo = CN_QALGO_NVFP4;
+        else if (!strcmp(weights, "mxfp8")) algo = CN_QALGO_MXFP8;
+        else if (!strcmp(weights, "fp8")) algo = CN_QALGO_FP8;
+        else if (strcmp(weights, "bf16")) bad = "--weights must be bf16, fp8, mxfp8 or nvfp4";
+    }
+    if (bad) {
+        fprintf(stderr, "cairn: %s\n", bad);
+        cn_flags_usage(flags, kSynopsis, stderr);
+        fputs("\nother benchmarks: cairn bench tokenizer | cache [options]\n", stderr);
+        return 2;
+    }
+    if (prompt_short < 0) prompt_short = prompt < 512 ? prompt : 512;
+    if (!weights) weights = model ? "stored" : "bf16";
+
+    /* 1. the checkpoint, then the high-water mark reset so that building it does not count */
+    ckpt ck;
+    bench B = {0};
+    cn_backend *be = NULL;
+    cJSON *out = NULL;
+    int status = 1;
+    if (ckpt_prepare(&ck, model, preset, layers, seed, weights, algo, work_dir)) goto done;
+
+    /* 2. the probe buffer first: resident from here on, so VmHWM - probe_bytes is the rest's peak */
+    B.probe_bytes = (size_t)probe_mb << 20;
+    int hwm_reset = reset_hwm();
+    if (!(B.probe = cn_probe_buf_alloc(B.probe_bytes))) {
+        fprintf(stderr, "cairn: cannot allocate the %d MiB probe buffer\n", probe_mb);
+        goto done;
+    }
+    int n_threads = threads > 0 ? threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (n_threads < 1) n_threads = 1;
+    B.n_threads = n_threads;
+    if (!(B.pool = cn_pool_create(n_threads))) {
+        fprintf(stderr, "cairn: cannot create %d threads\n", n_threads);
+        goto done;
+    }
+
+    /* 3. the model and one state big enough for every run */
+    double t_open = now_s();
+    if (cn_cli_open_model(ck.dir, backend, threads, ubatch, &be, &B.m)) goto done;
+    t_open = now_s() - t_open;
+    const cn_config *cfg = cn_model_config(B.m);
+    B.vocab = cfg->vocab_size;
+    int max_ctx = prompt > prompt_short ? prompt : prompt_short;
+    if (context + gen > max_ctx) max_ctx = context + gen;
+    if ((rc = cn_state_create(&B.s, B.m, max_ctx + 1, 0))) {
+        fprintf(stderr, "cairn: state of %d tokens: %s\n", max_ctx + 1, cn_strerror(rc));
+        goto done;
+    }
+    B.toks = malloc((size_t)max_ctx * sizeof *B.toks);
+    B.logits = malloc((size_t)B.vocab * sizeof *B.logits);
+    if (!B.toks || !B.logits) {
+        fprintf(stderr, "cairn: out of memory\n");
+        goto done;
+    }
+    uint64_t x = 0x2545f4914f6cdd1dull ^ seed;
+    int lo = B.vocab > 40 ? 20 : 0; /* ids 0..19 are the special tokens */
+    for (int i = 0; i < max_ctx; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        B.toks[i] = lo + (int32_t)(x % (uint64_t)(B.vocab - lo));
+    }
+    cn_model_stats st;
+    cn_model_stats_get(B.m, &st);
+    cn_decode_traffic tr;
+    cn_model_decode_traffic(B.m, &tr);
+    const char *format = stored_format(&st);
+
+    /* 4. the machine: peak arithmetic of the weights' kernel, and a first bandwidth figure */
+    const char *peak_what = NULL;
+    cn_peak_kind kind = !strcmp(format, "nvfp4") ? CN_PEAK_INT8_VNNI : CN_PEAK_FP32_FMA;
+    double peak = cn_probe_peak(B.pool, kind, PEAK_SECONDS, &peak_what);
+    fprintf(stderr, "cairn: peak %.1f Gop/s (%s); %s weights, %d layers \"%s\", %d threads\n", peak, peak_what,
+            format, cfg->n_layers, cfg->layers, n_threads);
+
+    /* 5. warm-up, then the four timed runs */
+    if ((rc = cn_state_reset(B.s)) || (rc = prefill(&B, prompt < 256 ? prompt : 256)) || (rc = decode(&B, 2))) {
+        fprintf(stderr, "cairn: warm-up forward: %s\n", cn_strerror(rc));
+        goto done;
+    }
+    run r512, r2k, rdec, rdec8k;
+    double ctx_s = 0;
+    if ((rc = measure(&B, &r512, "prefill512", 0, 0, prompt_short, NULL)) ||
+        (rc = measure(&B, &r2k, "prefill", 0, 0, prompt, NULL)) ||
+        (rc = measure(&B, &rdec, "decode", 1, 0, gen, NULL)) ||
+        (rc = measure(&B, &rdec8k, "decode_8k", 1, context, gen, &ctx_s))) {
+        fprintf(stderr, "cairn: forward: %s\n", cn_strerror(rc));
+        goto done;
+    }
+
+    /* 6. figures */
+    double kv = (double)tr.kv_per_ctx;
+    double bpt = (double)tr.weights + tr.state_fixed + kv * (gen - 1) / 2.0;
+    double bpt8k = (double)tr.weights + tr.state_fixed + kv * (context + (gen - 1) / 2.0);
+    double roof = rdec.bw > 0 ? rdec.tok_s * bpt / (rdec.bw * 1e9) : 0;
+    double roof8k = rdec8k.bw > 0 ? rdec8k.tok_s * bpt8k / (rdec8k.bw * 1e9) : 0;
+    double P = (double)tr.prefill_params;
+    double gops2k = 2 * P * r2k.tok_s / 1e9, gops512 = 2 * P * r512.tok_s / 1e9;
+    uint64_t hwm = vm_hwm();
+    uint64_t peak_mem = hwm > B.probe_bytes ? hwm - B.probe_bytes : hwm;
+
+    out = cJSON_CreateObject();
+    cJSON_AddNumberToObject(out, "prefill_tok_s", r2k.tok_s);
+    cJSON_AddNumberToObject(out, "prefill512_tok_s", r512.tok_s);
+    cJSON_AddNumberToObject(out, "decode_tok_s", rdec.tok_s);
+    cJSON_AddNumberToObject(out, "decode_8k_tok_s", rdec8k.tok_s);
+    cJSON_AddNumberToObject(out, "bytes_per_token", bpt);
+    cJSON_AddNumberToObject(out, "mem_bw_gbs", rdec.bw);
+    cJSON_AddNumberToObject(out, "decode_roofline_ratio", roof);
+    cJSON_AddNumberToObject(out, "peak_gops", peak);
+    cJSON_AddNumberToObject(out, "prefill_compute_ratio", peak > 0 ? gops2k / peak : 0);
+    cJSON_AddNumberToObject(out, "peak_memory_bytes", (double)peak_mem);
+    /* extras */
+    cJSON_AddStringToObject(out, "model", preset ? preset : model);
+    if (preset) cJSON_AddNumberToObject(out, "layers", cfg->n_layers);
+    cJSON_AddStringToObject(out, "pattern", cfg->layers);
+    cJSON_AddStringToObject(out, "weights", format);
+    cJSON_AddStringToObject(out, "backend", backend ? backend : cn_backend_default_name());
+    cJSON_AddNumberToObject(out, "threads", n_threads);
+    cJSON_AddStringToObject(out, "peak_instruction", peak_what);
+    cJSON_AddNumberToObject(out, "prompt_tokens", prompt);
+    cJSON_AddNumberToObject(out, "prompt_short_tokens", prompt_short);
+    cJSON_AddNumberToObject(out, "decode_context", context);
+    cJSON_AddNumberToObject(out, "gen_tokens", gen);
+    cJSON_AddNumberToObject(out, "bytes_per_token_8k", bpt8k);
+    cJSON_AddNumberToObject(out, "mem_bw_8k_gbs", rdec8k.bw);
+    cJSON_AddNumberToObject(out, "decode_8k_roofline_ratio", roof8k);
+    cJSON_AddNumberToObject(out, "decode_8k_over_start", rdec.tok_s > 0 ? rdec8k.tok_s / rdec.tok_s : 0);
+    cJSON_AddNumberToObject(out, "weight_bytes_per_token", (double)tr.weights);
+    cJSON_AddNumberToObject(out, "state_bytes_per_token", (double)tr.state_fixed);
+    cJSON_AddNumberToObject(out, "kv_bytes_per_context_token", (double)tr.kv_per_ctx);
+    cJSON_AddNumberToObject(out, "prefill_params", P);
+    cJSON_AddNumberToObject(out, "active_params", (double)st.active_params);
+    cJSON_AddNumberToObject(out, "params", (double)(st.params - st.params_mtp));
+    cJSON_AddNumberToObject(out, "prefill_gops", gops2k);
+    cJSON_AddNumberToObject(out, "prefill512_gops", gops512);
+    cJSON_AddNumberToObject(out, "prefill512_compute_ratio", peak > 0 ? gops512 / peak : 0);
+    cJSON_AddNumberToObject(out, "prefill_ctx_tok_s", ctx_s > 0 ? context / ctx_s : 0);
+    cJSON_AddNumberToObject(out, "vmhwm_bytes", (double)hwm);
+    cJSON_AddNumberToObject(out, "probe_buffer_bytes", (double)B.probe_bytes);
+    cJSON_AddBoolToObject(out, "hwm_reset_after_build", hwm_reset);
+    cJSON_AddNumberToObject(out, "build_seconds", ck.build_s);
+    cJSON_AddNumberToObject(out, "open_seconds", t_open);
+    cJSON *runs = cJSON_AddObjectToObject(out, "runs");
+    const run *all[] = {&r512, &r2k, &rdec, &rdec8k};
+    cJSON *unrel = cJSON_AddArrayToObject(out, "unreliable");
+    for (int i = 0; i < 4; i++) {
+        cJSON_AddItemToObject(runs, all[i]->name, run_json(all[i]));
+        if (!all[i]->reliable) cJSON_AddItemToArray(unrel, cJSON_CreateString(all[i]->name));
+    }
+
+    /* a slice of a preset: the whole preset, projected per layer type */
+    cn_synth_info full;
+    int have_full = 0;
+    if (preset && layers) {
+        cn_synth_opts o;
+        cn_synth_opts_init(&o);
+        o.preset = preset;
+        o.mtp = 0;
+        cn_err err;
+        cn_err_clear(&err);
+        have_full = cn_synth_describe(&o, &full, &err) == 0 && full.n_layers > cfg->n_layers;
+    }
+    double full_bpt = 0, full_P = 0, full_dec = 0, full_pre = 0;
+    if (have_full) {
+        /* per layer type: the slice's mean per layer times the whole preset's count; outside the
+         * layers (embedding row, norm_f, lm_head) as measured */
+        int nf[N_TYPES];
+        pattern_counts(full.pattern, nf);
+        full_bpt = (double)tr.weights_outer;
+        for (int t = 0; t < N_TYPES; t++) {
+            if (nf[t] && !tr.n_layer[t]) have_full = 0; /* a type the slice lacks: no projection */
+            if (!tr.n_layer[t]) continue;
+            full_bpt += (double)tr.weights_layer[t] / tr.n_layer[t] * nf[t];
+            full_P += (double)tr.prefill_params_layer[t] / tr.n_layer[t] * nf[t];
+        }
+        int iM = cn_block_index(CN_BLOCK_MAMBA), iA = cn_block_index(CN_BLOCK_ATTN);
+        if (tr.n_layer[iM]) full_bpt += (double)tr.state_fixed / tr.n_layer[iM] * nf[iM];
+        if (tr.n_layer[iA]) full_bpt += kv / tr.n_layer[iA] * nf[iA] * (gen - 1) / 2.0;
+        full_dec = full_bpt > 0 ? roof * rdec.bw * 1e9 / full_bpt : 0;
+        full_pre = full_P > 0 ? gops2k * 1e9 / (2 * full_P) : 0;
+    }
+    if (have_full) {
+        cJSON *f = cJSON_AddObjectToObject(out, "full_model_projected");
+        cJSON_AddStringToObject(f, "note", "the whole preset, scaled per layer type from this slice; not measured");
+        cJSON_AddNumberToObject(f, "layers", full.n_layers);
+        cJSON_AddNumberToObject(f, "bytes_per_token", full_bpt);
+        cJSON_AddNumberToObject(f, "prefill_params", full_P);
+        cJSON_AddNumberToObject(f, "decode_tok_s_at_slice_ratio", full_dec);
+        cJSON_AddNumberToObject(f, "prefill_tok_s_at_slice_gops", full_pre);
+    }
+
+    if (json) {
+        char *txt = cJSON_PrintUnformatted(out);
+        if (!txt) {
+            fprintf(stderr, "cairn: out of memory\n");
+            goto done;
+        }
+        puts(txt);
+        free(txt);
+    } else {
+        printf("model        %s, %d layers \"%s\", %s weights, %s backend, %d threads\n",
+               preset ? preset : model, cfg->n_layers, cfg->layers, format,
+               backend ? backend : cn_backend_default_name(), n_threads);
+        printf("machine      %.1f GB/s streaming read (decode's probes), peak %.1f Gop/s (%s)\n", rdec.bw, peak,
+               peak_what);
+        for (int i = 0; i < 4; i++)
+            printf("%-12s %6d tokens at context %5d: %9.2f tok/s  cpu share %.2f  probes %.1f / %.1f GB/s%s\n",
+                   all[i]->name, all[i]->tokens, all[i]->ctx0, all[i]->tok_s, all[i]->cpu_share,
+                   all[i]->bw_before, all[i]->bw_after, all[i]->reliable ? "" : "  UNRELIABLE");
+        printf("decode       %.0f bytes/token (weights %.0f + state %.0f + KV %.0f/ctx token): roofline ratio %.3f\n",
+               bpt, (double)tr.weights, (double)tr.state_fixed, kv, roof);
+        printf("decode 8k    %.0f bytes/token: roofline ratio %.3f, %.3f of decode at the start\n", bpt8k, roof8k,
+               rdec.tok_s > 0 ? rdec8k.tok_s / rdec.tok_s : 0);
+        printf("prefill      2 x %.0f params x tok/s = %.1f Gop/s (512: %.1f): %.3f of peak\n", P, gops2k, gops512,
+               peak > 0 ? gops2k / peak : 0);
+        printf("memory       peak %.2f GiB (VmHWM less the %d MiB probe buffer)\n", peak_mem / 1073741824.0,
+               probe_mb);
+        if (have_full)
+            printf("projected    whole %s (%d layers, not measured): %.0f bytes/token, %.1f decode tok/s at "
+                   "this ratio, %.1f prefill tok/s at this Gop/s\n",
+                   preset, full.n_layers, full_bpt, full_dec, full_pre);
+    }
+    status = 0;
+done:
+    cJSON_Delete(out);
+    free(B.toks);
+    free(B.logits);
+    cn_state_free(B.s);
+    if (B.m || be) cn_cli_close_model(be, B.m);
+    cn_pool_free(B.pool);
+    cn_probe_buf_free(B.probe, B.probe_bytes);
+    ckpt_release(&ck);
+    return status;
+}

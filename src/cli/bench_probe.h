@@ -1,0 +1,39 @@
+/* bench_probe.h - what this machine can do, measured on the spot for `cairn bench`.
+ *
+ * Two probes, both on every thread of a pool:
+ *  - bandwidth: a streaming read (wide loads summed into registers, nothing written) over a
+ *    buffer far larger than the caches; the best of a few passes, in GB/s (1e9 bytes).
+ *  - peak arithmetic: a register-resident loop of independent multiply-accumulates of one
+ *    instruction kind, in Gop/s where one multiply-add counts as two operations:
+ *      fp32 FMA  (AVX-512 vfmadd231ps: 16 lanes x 2 = 32 ops; AVX2: 16 ops; else scalar C)
+ *      int8 VNNI (AVX-512 vpdpbusd: 64 u8 x s8 products summed into 16 int32 lanes = 128 ops)
+ *    The kind mirrors the kernel that dominates a forward: NVFP4 weights run VNNI int8 dot
+ *    products, BF16, FP8 and MXFP8 weights are widened to fp32 and run FMA.
+ * Nothing here allocates but cn_probe_buf_alloc; every probe returns in well under a second.
+ */
+#ifndef CN_BENCH_PROBE_H
+#define CN_BENCH_PROBE_H
+
+#include <stddef.h>
+
+#include "base/threadpool.h"
+
+typedef enum cn_peak_kind {
+    CN_PEAK_FP32_FMA = 0,
+    CN_PEAK_INT8_VNNI,
+} cn_peak_kind;
+
+/* A page-aligned buffer of `bytes` (a multiple of 1 MiB), every page written once so that it is
+ * resident before the first probe. NULL on allocation failure. Free with cn_probe_buf_free. */
+void *cn_probe_buf_alloc(size_t bytes);
+void cn_probe_buf_free(void *buf, size_t bytes);
+
+/* Streaming-read bandwidth over buf[0, bytes) on every thread of pool: best of `passes`, GB/s. */
+double cn_probe_bandwidth(cn_pool *pool, const void *buf, size_t bytes, int passes);
+
+/* Peak Gop/s of `kind` on every thread of pool (best of 3 runs of about `seconds` / 3 each).
+ * *what OUT names the instruction actually timed (e.g. "avx512 vpdpbusd"): a kind the CPU lacks
+ * falls back to the widest fp32 FMA it has, and says so. */
+double cn_probe_peak(cn_pool *pool, cn_peak_kind kind, double seconds, const char **what);
+
+#endif

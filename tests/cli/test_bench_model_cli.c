@@ -1,0 +1,173 @@
+/* test_bench_model_cli.c - `cairn bench [flags]` (the model bench) as a process on tiny sizes:
+ * every key of the issue's JSON report is present, a finite positive number, both for a preset and
+ * for a --model directory converted to NVFP4; usage errors exit 2. Speeds are never asserted:
+ * timing on a shared machine is noise. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <cjson/cJSON.h>
+#include <sys/wait.h>
+
+#include "test_util.h"
+
+static char g_tmp[512];
+static char g_model[600];
+
+static const char *bin(void) {
+    const char *b = getenv("CAIRN_BIN");
+    return b ? b : "build/cairn";
+}
+
+/* Runs a shell command; returns its exit status, stdout in *out (caller frees). */
+static int run(char **out, const char *fmt, ...) {
+    char cmd[4096], path[1024], full[6400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    snprintf(path, sizeof path, "%s/out.txt", g_tmp);
+    snprintf(full, sizeof full, "%s >'%s' 2>'%s/err.txt'", cmd, path, g_tmp);
+    int st = system(full);
+    if (out) *out = tu_read_file(path, NULL);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Tiny sizes: the run takes about a second, most of it the peak probe. */
+#define SMALL "--prompt 24 --prompt-short 8 --context 40 --gen 4 --probe-mb 16 --threads 2 --json"
+
+static cJSON *bench_json(const char *args) {
+    char *out = NULL;
+    int rc = run(&out, "'%s' bench %s " SMALL, bin(), args);
+    if (rc != 0) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/err.txt", g_tmp);
+        char *err = tu_read_file(path, NULL);
+        fprintf(stderr, "exit %d:\n%s\n", rc, err ? err : "");
+        free(err);
+    }
+    assert_int_equal(rc, 0);
+    assert_non_null(out);
+    cJSON *j = cJSON_Parse(out);
+    if (!j) fprintf(stderr, "not JSON:\n%s\n", out);
+    free(out);
+    assert_non_null(j);
+    return j;
+}
+
+static const char *const kKeys[] = {
+    "prefill_tok_s",    "prefill512_tok_s",      "decode_tok_s", "decode_8k_tok_s",
+    "bytes_per_token",  "mem_bw_gbs",            "decode_roofline_ratio",
+    "peak_gops",        "prefill_compute_ratio", "peak_memory_bytes",
+};
+
+static void check_keys(const cJSON *j) {
+    for (size_t i = 0; i < sizeof kKeys / sizeof *kKeys; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, kKeys[i]);
+        if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || !(v->valuedouble > 0))
+            fprintf(stderr, "key %s: %s\n", kKeys[i], v ? cJSON_PrintUnformatted(v) : "missing");
+        assert_true(cJSON_IsNumber(v));
+        assert_true(isfinite(v->valuedouble));
+        assert_true(v->valuedouble > 0);
+    }
+    /* every timed run carries its two probes and a reliability mark */
+    const cJSON *runs = cJSON_GetObjectItemCaseSensitive(j, "runs");
+    static const char *const names[] = {"prefill512", "prefill", "decode", "decode_8k"};
+    for (int i = 0; i < 4; i++) {
+        const cJSON *r = cJSON_GetObjectItemCaseSensitive(runs, names[i]);
+        assert_non_null(r);
+        assert_true(cJSON_GetObjectItemCaseSensitive(r, "probe_before_gbs")->valuedouble > 0);
+        assert_true(cJSON_GetObjectItemCaseSensitive(r, "probe_after_gbs")->valuedouble > 0);
+        assert_true(cJSON_IsBool(cJSON_GetObjectItemCaseSensitive(r, "reliable")));
+    }
+    assert_true(cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(j, "unreliable")));
+}
+
+static void test_preset_every_key(void **st) {
+    (void)st;
+    cJSON *j = bench_json("--preset tiny");
+    check_keys(j);
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(j, "weights")->valuestring, "bf16");
+    /* bytes per token: the weights dominate, state and KV are added on top */
+    double bpt = cJSON_GetObjectItemCaseSensitive(j, "bytes_per_token")->valuedouble;
+    double w = cJSON_GetObjectItemCaseSensitive(j, "weight_bytes_per_token")->valuedouble;
+    double b8k = cJSON_GetObjectItemCaseSensitive(j, "bytes_per_token_8k")->valuedouble;
+    assert_true(w > 0 && bpt >= w && b8k > bpt);
+    cJSON_Delete(j);
+}
+
+static void test_model_dir_nvfp4(void **st) {
+    (void)st;
+    char args[1024];
+    snprintf(args, sizeof args, "--model '%s' --weights nvfp4", g_model);
+    cJSON *j = bench_json(args);
+    check_keys(j);
+    assert_string_equal(cJSON_GetObjectItemCaseSensitive(j, "weights")->valuestring, "nvfp4");
+    cJSON_Delete(j);
+}
+
+/* A slice of a preset holding every layer type of it adds the projection to the whole preset. */
+static void test_slice_projects(void **st) {
+    (void)st;
+    cJSON *j = bench_json("--preset tiny --layers 6");
+    check_keys(j);
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(j, "full_model_projected");
+    assert_non_null(f);
+    assert_true(cJSON_GetObjectItemCaseSensitive(f, "bytes_per_token")->valuedouble >
+                cJSON_GetObjectItemCaseSensitive(j, "weight_bytes_per_token")->valuedouble);
+    cJSON_Delete(j);
+}
+
+static void test_usage_errors(void **st) {
+    (void)st;
+    const char *bad[] = {
+        "",                                      /* neither --model nor --preset */
+        "--preset tiny --model x",               /* both */
+        "--model x --layers 2",                  /* --layers without --preset */
+        "--preset tiny --weights int4",          /* unknown format */
+        "--preset tiny --prompt 0",              /* sizes */
+        "--preset tiny --gen -1",
+        "--preset tiny --probe-mb 0",
+        "--preset tiny --no-such-flag",
+        "--preset",                              /* missing value */
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        int rc = run(NULL, "'%s' bench %s", bin(), bad[i]);
+        if (rc != 2) fprintf(stderr, "cairn bench %s: exit %d\n", bad[i], rc);
+        assert_int_equal(rc, 2);
+    }
+    assert_int_equal(run(NULL, "'%s' bench --help", bin()), 0);
+    assert_int_equal(run(NULL, "'%s' bench nonsense", bin()), 2);
+    /* the subcommands still dispatch */
+    assert_int_equal(run(NULL, "'%s' bench cache --help", bin()), 0);
+    assert_int_equal(run(NULL, "'%s' bench tokenizer --help", bin()), 0);
+}
+
+static int setup(void **st) {
+    (void)st;
+    char *d = tu_mkdtemp("bench-model");
+    if (!d) return -1;
+    snprintf(g_tmp, sizeof g_tmp, "%s", d);
+    free(d);
+    snprintf(g_model, sizeof g_model, "%s/tiny", g_tmp);
+    return run(NULL, "'%s' make-model --preset tiny --no-mtp --out '%s'", bin(), g_model) == 0 ? 0 : -1;
+}
+
+static int teardown(void **st) {
+    (void)st;
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_preset_every_key),
+        cmocka_unit_test(test_model_dir_nvfp4),
+        cmocka_unit_test(test_slice_projects),
+        cmocka_unit_test(test_usage_errors),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
