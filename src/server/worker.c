@@ -1,6 +1,8 @@
 /* worker.c - FIFO queue and the engine thread; see worker.h. */
 #include "server/worker.h"
 
+#include <time.h>
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,6 +31,10 @@ typedef struct cancel_ctx {
 /* The policy of (4): a gone client cancels now, unless its prefill may finish in idle time. */
 static int should_cancel(void *ctx) {
     cancel_ctx *c = ctx;
+    if (c->w->test_delay_ms > 0) {
+        struct timespec ts = {c->w->test_delay_ms / 1000, (long)(c->w->test_delay_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
     pthread_mutex_lock(&c->w->mu);
     int stopping = c->w->stopping, waiting = c->w->count;
     pthread_mutex_unlock(&c->w->mu);
@@ -78,6 +84,9 @@ int cn_worker_start(cn_worker *w, cn_engine *e, int max_queue, double finish_can
     w->engine = e;
     w->max_queue = max_queue;
     w->finish_cancelled_s = finish_cancelled_s;
+    const char *d = getenv("CAIRN_TEST_FORWARD_DELAY_MS");
+    w->test_delay_ms = d ? atoi(d) : 0;
+    if (w->test_delay_ms < 0 || w->test_delay_ms > 1000) w->test_delay_ms = 0;
     if (!(w->q = calloc((size_t)max_queue, sizeof *w->q))) return CN_ENOMEM;
     pthread_mutex_init(&w->mu, NULL);
     pthread_cond_init(&w->cv, NULL);

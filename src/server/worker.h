@@ -27,6 +27,8 @@ typedef struct cn_worker {
     cn_engine *engine; /* not owned */
     int max_queue;
     double finish_cancelled_s;
+    int test_delay_ms;        /* TESTS ONLY (CAIRN_TEST_FORWARD_DELAY_MS): a pause between forwards,
+                               * so queueing tests do not depend on how fast the machine is */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     cn_job **q;      /* ring of waiting jobs, [max_queue] */

@@ -13,8 +13,10 @@ let srv, ollama, openai;
 const auth = { Authorization: `Bearer ${KEY}` };
 
 before(async () => {
+  // A pause between forwards (test-only) keeps requests running long enough to queue behind,
+  // however fast the machine is.
   srv = await startServer(['--api-key', KEY, '--max-body', '64K', '--max-queue', '2', '--chunk', '16',
-                           '--finish-cancelled', '0']);
+                           '--finish-cancelled', '0'], { CAIRN_TEST_FORWARD_DELAY_MS: '20' });
   ollama = new Ollama({ host: srv.url, headers: auth });
   openai = new OpenAI({ baseURL: srv.url + '/v1', apiKey: KEY, maxRetries: 0 });
 });
