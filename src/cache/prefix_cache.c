@@ -437,8 +437,6 @@ int cn_pc_schedule(cn_pc_session *sess, int off, int user) {
     return sched_add(sess, off, user);
 }
 
-static int mat_lazy_above(cn_node *n, void *ctx);
-
 typedef struct lazy_ctx {
     cn_prefix_cache *pc;
     int above;

@@ -259,7 +259,7 @@ static int run_layers(cn_model *m, const cn_layer_w *layers, cn_state *st, int o
 static int head(cn_model *m, const cn_tensor *norm, int r0, int n, float *logits, float *hidden) {
     cn_backend *b = m->b;
     cn_scratch *s = &m->s;
-    int64_t V = m->cfg.vocab_size, H = m->cfg.hidden_size;
+    int64_t V = m->cfg.vocab_size;
     cn_tensor x = cn_tensor_rows(&s->x, r0, n), xn = cn_tensor_rows(&s->xn, r0, n);
     CHECK(cn_op_rmsnorm(b, &xn, &x, norm, m->cfg.norm_eps));
     if (hidden) CHECK(cn_backend_download(b, hidden, &xn));
@@ -269,7 +269,6 @@ static int head(cn_model *m, const cn_tensor *norm, int r0, int n, float *logits
         CHECK(cn_op_matmul(b, &lg, &m->w.lm_head, &xr));
         CHECK(cn_backend_download(b, logits + (size_t)i * V, &lg));
     }
-    (void)H;
     return CN_OK;
 }
 
@@ -292,8 +291,7 @@ static int check_batch(const cn_model *m, const cn_state *st, const cn_batch *bt
 static int alloc_captures(cn_state *st, cn_batch *bt) {
     for (int i = 0; i < bt->n_capture; i++) memset(&bt->captures[i], 0, sizeof bt->captures[i]);
     for (int i = 0; i < bt->n_capture; i++) {
-        /* A snapshot of the current state has the right shapes; its contents are overwritten. */
-        int rc = cn_state_snapshot(st, &bt->captures[i]);
+        int rc = cn_state_snapshot_alloc(st, &bt->captures[i]); /* the scan fills it */
         if (rc) return rc;
         bt->captures[i].offset = bt->capture_at[i];
     }

@@ -105,7 +105,8 @@ int cn_state_rewind(cn_state *s, int offset) {
     return CN_OK;
 }
 
-int cn_state_snapshot(cn_state *s, cn_rsnap *out) {
+/* Allocates a snapshot shaped like s's recurrent layers; copies their state when `copy`. */
+static int rsnap_make(cn_state *s, cn_rsnap *out, int copy) {
     memset(out, 0, sizeof *out);
     int n = 0;
     for (int l = 0; l < s->n_layers; l++) n += s->layers[l].type == CN_BLOCK_MAMBA;
@@ -123,8 +124,8 @@ int cn_state_snapshot(cn_state *s, cn_rsnap *out) {
         out->ssm[j] = cn_tensor_2d(CN_F32, ls->ssm.shape[0], ls->ssm.shape[1], NULL);
         if (cn_backend_alloc(s->model->b, &out->conv[j]) || cn_backend_alloc(s->model->b, &out->ssm[j]))
             goto fail;
-        if (cn_backend_copy(s->model->b, &out->conv[j], &ls->conv) ||
-            cn_backend_copy(s->model->b, &out->ssm[j], &ls->ssm))
+        if (copy && (cn_backend_copy(s->model->b, &out->conv[j], &ls->conv) ||
+                     cn_backend_copy(s->model->b, &out->ssm[j], &ls->ssm)))
             goto fail;
         j++;
     }
@@ -133,6 +134,10 @@ fail:
     cn_rsnap_free(s->model, out);
     return CN_ENOMEM;
 }
+
+int cn_state_snapshot(cn_state *s, cn_rsnap *out) { return rsnap_make(s, out, 1); }
+
+int cn_state_snapshot_alloc(cn_state *s, cn_rsnap *out) { return rsnap_make(s, out, 0); }
 
 uint64_t cn_state_bytes(const cn_state *s) {
     uint64_t n = 0;

@@ -45,6 +45,8 @@ int cn_state_restore(cn_state *s, const cn_rsnap *snap);
 int cn_state_rewind(cn_state *s, int offset);
 /* Takes a snapshot of the current recurrent state (caller owns, cn_rsnap_free). */
 int cn_state_snapshot(cn_state *s, cn_rsnap *out);
+/* A snapshot with the right shapes and undefined contents (a forward's captures fill it). */
+int cn_state_snapshot_alloc(cn_state *s, cn_rsnap *out);
 /* Bytes held by the state's buffers. */
 uint64_t cn_state_bytes(const cn_state *s);
 
