@@ -32,13 +32,16 @@ cuda:
 	@cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_CUDA=ON >/dev/null
 	@cmake --build build-cuda -j $(JOBS) -- --no-print-directory
 
-# On the GPU: the per-op CUDA-vs-CPU test, then the parity goldens, the cache scenarios and the CLI
-# with every model on the CUDA backend (CAIRN_BACKEND=cuda; tests that build their own CPU
-# reference keep it).
+# On the GPU: the per-op CUDA-vs-CPU test, then the parity goldens, the cache scenarios, the
+# speculation exactness tests and the CLI with every model on the CUDA backend (CAIRN_BACKEND=cuda;
+# tests that build their own CPU reference keep it); then the op test and the forward again with
+# decode steps launched eagerly instead of as CUDA graphs (CAIRN_CUDA_GRAPHS=0).
 test-cuda: cuda
 	@mkdir -p build-cuda/tmp
 	cd build-cuda && CAIRN_BACKEND=cuda ctest --output-on-failure -j 1 \
-	  -R '^(tensor/test_cuda_ops|model/test_forward|cache/|cli/test_cli)'
+	  -R '^(tensor/test_cuda_ops|model/test_forward|cache/|engine/test_speculate|cli/test_cli)'
+	cd build-cuda && CAIRN_BACKEND=cuda CAIRN_CUDA_GRAPHS=0 ctest --output-on-failure -j 1 \
+	  -R '^(tensor/test_cuda_ops|model/test_forward)$$'
 
 $(MODEL)/config.json: | build
 	./build/cairn make-model --preset tiny --out $(MODEL)

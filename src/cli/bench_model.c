@@ -3,7 +3,9 @@
  *
  * What it measures, in this order, on one model and one backend:
  *   machine   peak_gops: cn_probe_peak of the instruction kind the weights' matmuls run (NVFP4:
- *             int8 VNNI dot products; BF16, FP8, MXFP8: fp32 FMA), every thread.
+ *             int8 VNNI dot products; BF16, FP8, MXFP8: fp32 FMA), every thread. A backend with
+ *             its own device (cn_backend_measure: CUDA) gives its BF16 GEMM peak instead, its
+ *             memory bandwidth for every probe below, and the pinned host link each way.
  *   warm-up   one forward of min(256, --prompt) tokens and a few decodes (touches the weights:
  *             page-table setup never lands in a timed run), not reported.
  *   prefill512, prefill (2048)
@@ -13,6 +15,8 @@
  *             of the previous logits: tokens / seconds.
  *   decode_8k a fresh state absorbs --context tokens (timed apart, reported as prefill_ctx), then
  *             decodes --gen tokens as above.
+ *   decode_eager (device backends) decode again with the backend's steps launched op by op
+ *             rather than replayed as graphs (cn_backend_set_record 0): decode_graph_speedup.
  * Each of the four timed runs is bracketed by a bandwidth probe right before and right after it
  * (cn_probe_bandwidth: a streaming read of a --probe-mb buffer on every thread). A run whose two
  * probes differ by more than 10% is marked unreliable: memory bandwidth on the shared machines
@@ -255,6 +259,8 @@ typedef struct run {
 } run;
 
 typedef struct bench {
+    cn_backend *be;
+    int device;           /* the backend measures its own device (cn_backend_measure) */
     cn_model *m;
     cn_state *s;
     cn_pool *pool;
@@ -267,6 +273,10 @@ typedef struct bench {
 } bench;
 
 static double probe_bw(bench *B) {
+    if (B->device) { /* the memory the model streams is the device's */
+        cn_backend_limits l;
+        return cn_backend_measure(B->be, CN_LIMIT_MEM, &l) ? 0 : l.mem_gbs;
+    }
     return cn_probe_bandwidth(B->pool, B->probe, B->probe_bytes, PROBE_PASSES);
 }
 
@@ -458,6 +468,7 @@ int cn_bench_model(int argc, char **argv) {
     double t_open = now_s();
     if (cn_cli_open_model(ck.dir, backend, threads, ubatch, &be, &B.m)) goto done;
     t_open = now_s() - t_open;
+    B.be = be;
     const cn_config *cfg = cn_model_config(B.m);
     B.vocab = cfg->vocab_size;
     int max_ctx = prompt > prompt_short ? prompt : prompt_short;
@@ -484,10 +495,26 @@ int cn_bench_model(int argc, char **argv) {
     cn_model_decode_traffic(B.m, &tr);
     const char *format = stored_format(&st);
 
-    /* 4. the machine: peak arithmetic of the weights' kernel, and a first bandwidth figure */
+    /* 4. the machine: peak arithmetic of the weights' kernel (a device backend: its own GEMM
+     * peak, memory bandwidth and host link, cn_backend_measure) */
     const char *peak_what = NULL;
-    cn_peak_kind kind = !strcmp(format, "nvfp4") ? CN_PEAK_INT8_VNNI : CN_PEAK_FP32_FMA;
-    double peak = cn_probe_peak(B.pool, kind, PEAK_SECONDS, &peak_what);
+    double peak = 0;
+    cn_backend_limits lim;
+    rc = cn_backend_measure(be, CN_LIMIT_MEM | CN_LIMIT_PEAK | CN_LIMIT_LINK, &lim);
+    if (rc && rc != CN_EUNSUPPORTED) {
+        fprintf(stderr, "cairn: measuring the %s device: %s\n", cn_backend_name(be), cn_strerror(rc));
+        goto done;
+    }
+    B.device = rc == CN_OK;
+    if (B.device) {
+        peak = lim.peak_gops;
+        peak_what = lim.peak_what;
+        fprintf(stderr, "cairn: device memory %.1f GB/s, host link %.1f / %.1f GB/s (to / from the device)\n",
+                lim.mem_gbs, lim.h2d_gbs, lim.d2h_gbs);
+    } else {
+        cn_peak_kind kind = !strcmp(format, "nvfp4") ? CN_PEAK_INT8_VNNI : CN_PEAK_FP32_FMA;
+        peak = cn_probe_peak(B.pool, kind, PEAK_SECONDS, &peak_what);
+    }
     fprintf(stderr, "cairn: peak %.1f Gop/s (%s); %s weights, %d layers \"%s\", %d threads\n", peak, peak_what,
             format, cfg->n_layers, cfg->layers, n_threads);
 
@@ -496,7 +523,8 @@ int cn_bench_model(int argc, char **argv) {
         fprintf(stderr, "cairn: warm-up forward: %s\n", cn_strerror(rc));
         goto done;
     }
-    run r512, r2k, rdec, rdec8k;
+    run r512, r2k, rdec, rdec8k, reager;
+    memset(&reager, 0, sizeof reager);
     double ctx_s = 0;
     if ((rc = measure(&B, &r512, "prefill512", 0, 0, prompt_short, NULL)) ||
         (rc = measure(&B, &r2k, "prefill", 0, 0, prompt, NULL)) ||
@@ -504,6 +532,15 @@ int cn_bench_model(int argc, char **argv) {
         (rc = measure(&B, &rdec8k, "decode_8k", 1, context, gen, &ctx_s))) {
         fprintf(stderr, "cairn: forward: %s\n", cn_strerror(rc));
         goto done;
+    }
+    /* a device backend: decode again with its steps launched op by op instead of replayed */
+    if (B.device) {
+        if (!(rc = cn_backend_set_record(be, 0))) rc = measure(&B, &reager, "decode_eager", 1, 0, gen, NULL);
+        int rc2 = cn_backend_set_record(be, 1);
+        if (rc || (rc = rc2)) {
+            fprintf(stderr, "cairn: forward: %s\n", cn_strerror(rc));
+            goto done;
+        }
     }
 
     /* 6. figures */
@@ -559,6 +596,14 @@ int cn_bench_model(int argc, char **argv) {
     cJSON_AddBoolToObject(out, "hwm_reset_after_build", hwm_reset);
     cJSON_AddNumberToObject(out, "build_seconds", ck.build_s);
     cJSON_AddNumberToObject(out, "open_seconds", t_open);
+    cJSON_AddStringToObject(out, "bandwidth_probe", B.device ? "device" : "host");
+    if (B.device) {
+        cJSON_AddNumberToObject(out, "device_mem_gbs_at_start", lim.mem_gbs);
+        cJSON_AddNumberToObject(out, "host_to_device_gbs", lim.h2d_gbs);
+        cJSON_AddNumberToObject(out, "device_to_host_gbs", lim.d2h_gbs);
+        cJSON_AddNumberToObject(out, "decode_eager_tok_s", reager.tok_s);
+        cJSON_AddNumberToObject(out, "decode_graph_speedup", reager.tok_s > 0 ? rdec.tok_s / reager.tok_s : 0);
+    }
     cJSON *runs = cJSON_AddObjectToObject(out, "runs");
     const run *all[] = {&r512, &r2k, &rdec, &rdec8k};
     cJSON *unrel = cJSON_AddArrayToObject(out, "unreliable");
@@ -566,6 +611,7 @@ int cn_bench_model(int argc, char **argv) {
         cJSON_AddItemToObject(runs, all[i]->name, run_json(all[i]));
         if (!all[i]->reliable) cJSON_AddItemToArray(unrel, cJSON_CreateString(all[i]->name));
     }
+    if (B.device) cJSON_AddItemToObject(runs, reager.name, run_json(&reager));
 
     /* a slice of a preset: the whole preset, projected per layer type */
     cn_synth_info full;
@@ -620,12 +666,19 @@ int cn_bench_model(int argc, char **argv) {
         printf("model        %s, %d layers \"%s\", %s weights, %s backend, %d threads\n",
                preset ? preset : model, cfg->n_layers, cfg->layers, format,
                backend ? backend : cn_backend_default_name(), n_threads);
-        printf("machine      %.1f GB/s streaming read (decode's probes), peak %.1f Gop/s (%s)\n", rdec.bw, peak,
-               peak_what);
+        printf("machine      %.1f GB/s streaming read of %s memory (decode's probes), peak %.1f Gop/s (%s)\n",
+               rdec.bw, B.device ? "device" : "host", peak, peak_what);
+        if (B.device)
+            printf("host link    %.1f GB/s to the device, %.1f GB/s back (pinned, 256 MiB copies)\n", lim.h2d_gbs,
+                   lim.d2h_gbs);
         for (int i = 0; i < 4; i++)
             printf("%-12s %6d tokens at context %5d: %9.2f tok/s  cpu share %.2f  probes %.1f / %.1f GB/s%s\n",
                    all[i]->name, all[i]->tokens, all[i]->ctx0, all[i]->tok_s, all[i]->cpu_share,
                    all[i]->bw_before, all[i]->bw_after, all[i]->reliable ? "" : "  UNRELIABLE");
+        if (B.device)
+            printf("%-12s %6d tokens at context %5d: %9.2f tok/s  (steps launched op by op; graphs %.2fx)\n",
+                   reager.name, reager.tokens, reager.ctx0, reager.tok_s,
+                   reager.tok_s > 0 ? rdec.tok_s / reager.tok_s : 0);
         printf("decode       %.0f bytes/token (weights %.0f + state %.0f + KV %.0f/ctx token): roofline ratio %.3f\n",
                bpt, (double)tr.weights, (double)tr.state_fixed, kv, roof);
         printf("decode 8k    %.0f bytes/token: roofline ratio %.3f, %.3f of decode at the start\n", bpt8k, roof8k,

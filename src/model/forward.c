@@ -4,7 +4,9 @@
  * h = h + MIXER(RMSNorm(h)), then norm_f and lm_head. Mamba mixers run their conv and scan in
  * segments that end at the scheduled capture offsets, so a restore point inside a batch costs a
  * state copy and no extra pass. Nothing here allocates: scratch is sized at open for `ubatch`
- * tokens and every batch is cut into pieces of at most that many.
+ * tokens and every batch is cut into pieces of at most that many. A one-token piece (decode, an
+ * MTP draft) runs as one backend step (backend.h): every op between one upload and the
+ * downloads, so a GPU backend waits once per token and may replay the step as a graph.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -272,6 +274,40 @@ static int head(cn_model *m, const cn_tensor *norm, int r0, int n, float *logits
     return CN_OK;
 }
 
+/* ---- one-token steps ------------------------------------------------------------------------- */
+
+/* Step keys (backend.h): one per op sequence, so a backend that records steps keeps each apart. */
+enum { STEP_DECODE, STEP_DECODE_CAPTURE, STEP_MTP };
+
+/* Ends a step begun by the caller after its ops returned rc: runs it if they all succeeded.
+ * Returns rc if an op failed, else step_end's verdict. */
+static int step_finish(cn_backend *b, int rc) {
+    int end = cn_backend_step_end(b, rc == CN_OK);
+    return rc ? rc : end;
+}
+
+/* A decode token (T == 1) of the main stack as one backend step: the lookup, every layer and the
+ * head's norm and lm_head inside it (no host transfer, so the backend may record and replay it),
+ * the downloads after it. s->ids already holds the token. */
+static int decode_step(cn_model *m, cn_state *st, int offset, const segment *seg, int n_seg,
+                       cn_rsnap *caps, float *logits, float *hidden) {
+    cn_backend *b = m->b;
+    cn_scratch *s = &m->s;
+    cn_tensor ids = cn_tensor_rows(&s->ids, 0, 1), x = rows(&s->x, 1), xn = rows(&s->xn, 1);
+    cn_tensor lg = rows(&s->logits, 1);
+    ids.ndim = 1;
+    int key = n_seg > 1 || seg[0].capture >= 0 ? STEP_DECODE_CAPTURE : STEP_DECODE;
+    CHECK(cn_backend_step_begin(b, key));
+    int rc = cn_op_get_rows(b, &x, &m->w.embed, &ids);                   /* h = embed[tok] */
+    if (!rc) rc = run_layers(m, m->w.layers, st, offset, 1, seg, n_seg, caps);
+    if (!rc) rc = cn_op_rmsnorm(b, &xn, &x, &m->w.norm_f, m->cfg.norm_eps);
+    if (!rc && logits) rc = cn_op_matmul(b, &lg, &m->w.lm_head, &xn);
+    CHECK(step_finish(b, rc));
+    if (hidden) CHECK(cn_backend_download(b, hidden, &xn));
+    if (logits) CHECK(cn_backend_download(b, logits, &lg));
+    return CN_OK;
+}
+
 /* ---- entry points ---------------------------------------------------------------------------- */
 
 static int check_batch(const cn_model *m, const cn_state *st, const cn_batch *bt) {
@@ -329,6 +365,24 @@ int cn_model_forward(cn_model *m, cn_state *st, cn_batch *bt) {
         cn_tensor ids = cn_tensor_rows(&m->s.ids, 0, T), x = rows(&m->s.x, T);
         ids.ndim = 1;
         if ((rc = cn_backend_upload(b, &m->s.ids, 0, bt->tokens + done, (uint64_t)T * 4))) goto fail;
+        if (T == 1) { /* a decode token: one backend step; the head's rows as below */
+            int last = done + 1 == bt->n;
+            float *lp = NULL, *hp = NULL;
+            if (bt->all_logits) {
+                lp = bt->logits ? bt->logits + (size_t)done * V : NULL;
+                hp = bt->hidden ? bt->hidden + (size_t)done * H : NULL;
+            } else if (bt->all_hidden && bt->hidden) {
+                hp = bt->hidden + (size_t)done * H;
+                lp = last ? bt->logits : NULL;
+            } else if (last) {
+                lp = bt->logits;
+                hp = bt->hidden;
+            }
+            if ((rc = decode_step(m, st, offset, seg, n_seg, bt->captures, lp, hp))) goto fail;
+            offset += T;
+            done += T;
+            continue;
+        }
         if ((rc = cn_op_get_rows(b, &x, &m->w.embed, &ids))) goto fail;   /* h = embed[tok] */
         if ((rc = run_layers(m, m->w.layers, st, offset, T, seg, n_seg, bt->captures))) goto fail;
         if (bt->all_logits) {
@@ -382,14 +436,28 @@ int cn_model_mtp_forward(cn_model *m, cn_state *st, const float *hidden, const i
         cn_tensor ce = cn_tensor_cols(&cat, 0, H), ch = cn_tensor_cols(&cat, H, H);
         ids.ndim = 1;
         CHECK(cn_backend_upload(b, &m->s.ids, 0, next + done, (uint64_t)T * 4));
-        CHECK(cn_op_get_rows(b, &e, &m->w.embed, &ids));                  /* e = embed(t_{i+1}) */
-        CHECK(cn_op_rmsnorm(b, &ce, &e, &w->enorm, eps));                 /* enorm(e) first */
         CHECK(cn_backend_upload(b, &m->s.x, 0, hidden + (size_t)done * H, (uint64_t)T * H * 4));
-        CHECK(cn_op_rmsnorm(b, &ch, &x, &w->hnorm, eps));                 /* then hnorm(h) */
-        CHECK(cn_op_matmul(b, &x, &w->eh_proj, &cat));                    /* eh_proj */
-        CHECK(run_layers(m, w->layers, st, st->offset, T, seg, 1, NULL));
-        if (hidden_out) CHECK(cn_backend_download(b, hidden_out + (size_t)done * H, &x));
-        CHECK(head(m, &w->final_norm, 0, T, logits ? logits + (size_t)done * V : NULL, NULL));
+        /* one draft token is one backend step (uploads before it, downloads after it) */
+        const int step = T == 1;
+        float *lp = logits ? logits + (size_t)done * V : NULL;
+        if (step) CHECK(cn_backend_step_begin(b, STEP_MTP));
+        int rc = cn_op_get_rows(b, &e, &m->w.embed, &ids);                /* e = embed(t_{i+1}) */
+        if (!rc) rc = cn_op_rmsnorm(b, &ce, &e, &w->enorm, eps);          /* enorm(e) first */
+        if (!rc) rc = cn_op_rmsnorm(b, &ch, &x, &w->hnorm, eps);          /* then hnorm(h) */
+        if (!rc) rc = cn_op_matmul(b, &x, &w->eh_proj, &cat);             /* eh_proj */
+        if (!rc) rc = run_layers(m, w->layers, st, st->offset, T, seg, 1, NULL);
+        if (step) {
+            cn_tensor xn = rows(&m->s.xn, 1), lg = rows(&m->s.logits, 1);
+            if (!rc) rc = cn_op_rmsnorm(b, &xn, &x, &w->final_norm, eps);
+            if (!rc && lp) rc = cn_op_matmul(b, &lg, &m->w.lm_head, &xn);
+            CHECK(step_finish(b, rc));
+            if (hidden_out) CHECK(cn_backend_download(b, hidden_out + (size_t)done * H, &x));
+            if (lp) CHECK(cn_backend_download(b, lp, &lg));
+        } else {
+            CHECK(rc);
+            if (hidden_out) CHECK(cn_backend_download(b, hidden_out + (size_t)done * H, &x));
+            CHECK(head(m, &w->final_norm, 0, T, lp, NULL));
+        }
         st->offset += T;
         done += T;
     }

@@ -69,6 +69,28 @@ int cn_backend_supports_weight(const cn_backend *b, cn_dtype dtype) {
     return b->iface->supports_weight(b, dtype);
 }
 
+int cn_backend_step_begin(cn_backend *b, int key) {
+    if (!b->iface->step_begin) return CN_OK;
+    return b->iface->step_begin(b, key);
+}
+
+int cn_backend_step_end(cn_backend *b, int run) {
+    if (!b->iface->step_end) return CN_OK;
+    return b->iface->step_end(b, run);
+}
+
+int cn_backend_set_record(cn_backend *b, int on) {
+    if (!b->iface->set_record) return CN_OK;
+    return b->iface->set_record(b, on != 0);
+}
+
+int cn_backend_measure(cn_backend *b, int what, cn_backend_limits *out) {
+    cn_backend_limits zero = {0};
+    *out = zero;
+    if (!b->iface->measure) return CN_EUNSUPPORTED;
+    return b->iface->measure(b, what, out);
+}
+
 int cn_op_matmul(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor *x) {
     if (!is2d_f32(y) || !is2d_f32(x) || !weight_ok(w)) return CN_EINVAL;
     if (COLS(x) != w->shape[1] || ROWS(y) != ROWS(x) || COLS(y) != w->shape[0]) return CN_EINVAL;

@@ -68,6 +68,46 @@ int cn_backend_sync(cn_backend *b);
 /* 1 if matmul/matmul_gather/get_rows accept weights of this dtype. */
 int cn_backend_supports_weight(const cn_backend *b, cn_dtype dtype);
 
+/* ---- steps ---- */
+/* A step brackets the ops of one small forward the caller repeats with the same shapes (a decode
+ * token): cn_backend_step_begin, the ops, cn_backend_step_end, then the downloads. Inside a step
+ *  (a) no op waits for the device: the index checks of get_rows and matmul_gather are not read
+ *      until step_end, which returns CN_EINVAL if one failed (that op wrote nothing, but later ops
+ *      of the step ran on its output: put inside a step only ids the caller checked or the
+ *      backend's own moe_route produced);
+ *  (b) upload, download, sync, alloc and release are refused (CN_EBUSY), and so is a nested begin;
+ *  (c) a backend may record the ops and run them at step_end as one unit (CUDA: a graph captured
+ *      and updated in place of the last one recorded under the same `key`); ops return errors
+ *      they can see while recording, and an op that failed means step_end runs nothing.
+ * step_end must follow every successful begin: with run = 1 it runs (or lets finish) the step and
+ * waits for it; with run = 0, after an op of the step failed, it discards what a recording backend
+ * holds and returns CN_OK (the op's own error is the one to report; an eager backend has already
+ * run the ops before the failure). Steps are optional: a backend without them runs the ops as
+ * called and both calls return CN_OK. */
+int cn_backend_step_begin(cn_backend *b, int key);
+int cn_backend_step_end(cn_backend *b, int run);
+
+/* Whether steps may be recorded and replayed (on by default where a backend records them, see
+ * cuda_backend.h); off, their ops run as called, still without waiting inside the step. Not
+ * inside a step (CN_EBUSY). A backend that never records accepts either value. */
+int cn_backend_set_record(cn_backend *b, int on);
+
+/* ---- the machine ---- */
+/* What the device of a backend can do, measured on the spot (bench figures set speeds against
+ * these). Units: GB/s are 1e9 bytes per second; one multiply-add is two operations. */
+typedef struct cn_backend_limits {
+    double mem_gbs;        /* CN_LIMIT_MEM: streaming read of device memory, best of a few passes */
+    double peak_gops;      /* CN_LIMIT_PEAK: the prefill GEMM's dense peak on large square inputs */
+    const char *peak_what; /* what peak_gops timed (static string) */
+    double h2d_gbs;        /* CN_LIMIT_LINK: pinned host memory -> device */
+    double d2h_gbs;        /* CN_LIMIT_LINK: device -> pinned host memory */
+} cn_backend_limits;
+enum { CN_LIMIT_MEM = 1, CN_LIMIT_PEAK = 2, CN_LIMIT_LINK = 4 };
+/* Measures the `what` bits into *out (other fields 0); takes a second or less and needs a few GiB
+ * of free device memory. CN_EUNSUPPORTED for a backend that computes in host memory (the CPU:
+ * the caller probes the host itself); CN_ENOMEM when the buffers do not fit. Not inside a step. */
+int cn_backend_measure(cn_backend *b, int what, cn_backend_limits *out);
+
 /* ---- ops ---- */
 /* y[T,N] = x[T,K] W[N,K]^T */
 int cn_op_matmul(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor *x);

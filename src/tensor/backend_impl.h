@@ -21,6 +21,11 @@ typedef struct cn_backend_iface {
     int (*weight)(cn_backend *b, cn_tensor *w);        /* (optional) default: nothing to do */
     int (*sync)(cn_backend *b);                        /* (optional) default: no-op */
     int (*supports_weight)(const cn_backend *b, cn_dtype dtype);
+    int (*step_begin)(cn_backend *b, int key);         /* (optional) default: no-op */
+    int (*step_end)(cn_backend *b, int run);           /* (optional) default: no-op */
+    int (*set_record)(cn_backend *b, int on);          /* (optional) default: accepted, no-op */
+    int (*measure)(cn_backend *b, int what, cn_backend_limits *out); /* (optional) default:
+                                                                       CN_EUNSUPPORTED */
 
     int (*matmul)(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor *x);
     int (*matmul_gather)(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, int n_w,

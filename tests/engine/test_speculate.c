@@ -19,7 +19,6 @@
 #include "engine/engine.h"
 #include "model/state.h"
 #include "model/synth.h"
-#include "tensor/cpu/cpu_backend.h"
 #include "test_util.h"
 
 #define CTX 512
@@ -62,7 +61,7 @@ static void open_engine(env *v, cn_engine **e, int chunk, int depth, int fixed, 
 
 static void env_open_dir(env *v, const char *dir, int chunk, int depth) {
     memset(v, 0, sizeof *v);
-    v->b = cn_cpu_backend_create(2);
+    v->b = tu_backend(2); /* $CAIRN_BACKEND: make test-cuda runs this on the GPU */
     assert_non_null(v->b);
     cn_err err;
     cn_err_clear(&err);

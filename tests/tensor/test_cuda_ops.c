@@ -10,6 +10,8 @@
  *   rmsnorm, gated_rmsnorm, conv1d, moe_combine, elementwise 2e-6
  *   get_rows, copy conversions, routing ids                 exact
  * Bad ids give CN_EINVAL with the output untouched (checked on the device, see cuda_impl.h (1)).
+ * Steps (backend.h) give the eager results bit for bit and report bad ids at their end; run with
+ * CAIRN_CUDA_GRAPHS=0 as well, the same test covers eager steps.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -25,6 +27,7 @@
 #include "base/fp.h"
 #include "tensor/backend.h"
 #include "tensor/backends.h"
+#include "tensor/cuda/cuda_backend.h"
 #include "test_util.h"
 
 #define SENTINEL 12345.0f
@@ -166,15 +169,17 @@ static const cn_dtype k_wdt[] = {CN_F32, CN_BF16, CN_F16, CN_F8_E4M3};
 static void test_matmul(void **st) {
     (void)st;
     const int64_t Ts[] = {1, 5, 8, 13, 40, 77};
+    for (int64_t K = 200; K <= 256; K += 56) /* 256: every dtype's rows load 16 bytes at a time */
     for (size_t d = 0; d < sizeof k_wdt / sizeof k_wdt[0]; d++)
         for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
-            const int64_t T = Ts[i], K = 200, N = 150;
+            const int64_t T = Ts[i], N = 150;
             pw w = pw_make(k_wdt[d], N, K, 0.5f);
             pv x = pv_make(T, K, 3, -1, 1), y = pv_make(T, N, 2, 0, 0);
             assert_int_equal(cn_op_matmul(g_cpu, &y.c, &w.c, &x.c), 0);
             assert_int_equal(cn_op_matmul(g_cu, &y.g, &w.g, &x.g), 0);
             char what[64];
-            snprintf(what, sizeof what, "matmul %s T=%lld", cn_dtype_name(k_wdt[d]), (long long)T);
+            snprintf(what, sizeof what, "matmul %s T=%lld K=%lld", cn_dtype_name(k_wdt[d]), (long long)T,
+                     (long long)K);
             pv_expect(what, &y, TOL_MM);
             pv_free(&x);
             pv_free(&y);
@@ -194,9 +199,10 @@ static void test_matmul(void **st) {
 static void test_matmul_gather(void **st) {
     (void)st;
     enum { NW = 8 };
-    const int64_t cases[][2] = {{1, 3}, {3, 2}, {40, 4}}; /* T, k */
+    /* T, k: T*k <= 32 takes the gather GEMV (8x4 its edge), more the sorted tiles */
+    const int64_t cases[][2] = {{1, 3}, {3, 2}, {8, 4}, {11, 3}, {40, 4}};
     for (size_t d = 0; d < sizeof k_wdt / sizeof k_wdt[0]; d++)
-        for (size_t ci = 0; ci < 3; ci++)
+        for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
             for (int per_row = 0; per_row < 2; per_row++) {
                 const int64_t T = cases[ci][0], k = cases[ci][1], K = 72, N = 90;
                 pw ws[NW];
@@ -505,6 +511,93 @@ static void test_moe(void **st) {
     pv_free(&y);
 }
 
+/* The ops of a decode-like step: x = emb[tok]; eh = relu2(experts(x)). */
+static int step_ops(cn_backend *b, cn_tensor *x, cn_tensor *eh, const cn_tensor *emb,
+                    const cn_tensor *const *ws, int nw, const cn_tensor *tok, const cn_tensor *eids) {
+    int rc = cn_op_get_rows(b, x, emb, tok);
+    if (!rc) rc = cn_op_matmul_gather(b, eh, ws, nw, x, eids);
+    if (!rc) rc = cn_op_relu2(b, eh, eh);
+    return rc;
+}
+
+/* Steps (backend.h): the same ops inside a step give the eager result bit for bit, also when the
+ * next step writes other rows (a recording backend updates its graph in place); a bad id makes
+ * step_end return CN_EINVAL with that op's output untouched; host transfers, allocation and a
+ * nested begin are refused inside; a discarded step runs nothing when steps are recorded. */
+static void test_step(void **st) {
+    (void)st;
+    enum { NW = 6 };
+    const int64_t V = 40, H = 64, k = 2, I = 48;
+    const char *genv = getenv("CAIRN_CUDA_GRAPHS");
+    const int graphs = !(genv && !strcmp(genv, "0"));
+    pw emb = pw_make(CN_BF16, V, H, 1.0f);
+    pw ws[NW];
+    const cn_tensor *wg[NW];
+    for (int e = 0; e < NW; e++) {
+        ws[e] = pw_make(CN_BF16, I, H, 0.5f);
+        wg[e] = &ws[e].g;
+    }
+    int32_t tok_id[1] = {17}, eid[2] = {4, 1}, bad_eid[2] = {4, NW};
+    pid tok = pid_make(1, 1, tok_id), eids = pid_make(1, k, eid), bad = pid_make(1, k, bad_eid);
+    tok.g.ndim = 1;
+    pv x = pv_make(4, H, 0, 0, 0), eh = pv_make(4 * k, I, 1, 0, 0);
+    /* eager reference in rows 0..k-1 */
+    cn_tensor x0 = cn_tensor_rows(&x.g, 0, 1), e0 = cn_tensor_rows(&eh.g, 0, k);
+    assert_int_equal(step_ops(g_cu, &x0, &e0, &emb.g, wg, NW, &tok.g, &eids.g), 0);
+    float *ref = get(g_cu, &e0);
+    cn_cuda_stats s0, s1;
+    assert_int_equal(cn_cuda_backend_stats(g_cu, &s0), 0);
+    for (int r = 1; r <= 2; r++) { /* two steps, other rows: the second updates the first's graph */
+        cn_tensor xr = cn_tensor_rows(&x.g, r, 1), er = cn_tensor_rows(&eh.g, r * k, k);
+        assert_int_equal(cn_backend_step_begin(g_cu, 7), 0);
+        assert_int_equal(step_ops(g_cu, &xr, &er, &emb.g, wg, NW, &tok.g, &eids.g), 0);
+        assert_int_equal(cn_backend_step_end(g_cu, 1), 0);
+        float *got = get(g_cu, &er);
+        assert_memory_equal(got, ref, (size_t)(k * I) * sizeof(float));
+        free(got);
+    }
+    assert_int_equal(cn_cuda_backend_stats(g_cu, &s1), 0);
+    assert_int_equal(s1.steps - s0.steps, 2);
+    if (graphs) {
+        assert_int_equal(s1.instantiated - s0.instantiated, 1);
+        assert_int_equal(s1.updated - s0.updated, 1);
+    }
+    /* a bad expert id: the verdict comes from step_end; the gather wrote nothing */
+    cn_tensor x3 = cn_tensor_rows(&x.g, 3, 1), e3 = cn_tensor_rows(&eh.g, 3 * k, k);
+    float *before = get(g_cu, &eh.gp);
+    assert_int_equal(cn_backend_step_begin(g_cu, 7), 0);
+    assert_int_equal(cn_op_get_rows(g_cu, &x3, &emb.g, &tok.g), 0);
+    assert_int_equal(cn_op_matmul_gather(g_cu, &e3, wg, NW, &x3, &bad.g), 0);
+    assert_int_equal(cn_backend_step_end(g_cu, 1), CN_EINVAL);
+    float *after = get(g_cu, &eh.gp);
+    assert_memory_equal(before, after, (size_t)(eh.T * eh.W) * sizeof(float));
+    free(after);
+    /* refusals inside a step; then a discarded step */
+    float host[4] = {0};
+    cn_tensor extra = cn_tensor_2d(CN_F32, 1, 4, NULL);
+    assert_int_equal(cn_backend_step_begin(g_cu, 8), 0);
+    assert_int_equal(cn_backend_step_begin(g_cu, 8), CN_EBUSY);
+    assert_int_equal(cn_backend_upload(g_cu, &x.gp, 0, host, sizeof host), CN_EBUSY);
+    assert_int_equal(cn_backend_download(g_cu, host, &x0), CN_EBUSY);
+    assert_int_equal(cn_backend_sync(g_cu), CN_EBUSY);
+    assert_int_equal(cn_backend_alloc(g_cu, &extra), CN_EBUSY);
+    assert_int_equal(step_ops(g_cu, &x3, &e3, &emb.g, wg, NW, &tok.g, &eids.g), 0);
+    assert_int_equal(cn_backend_step_end(g_cu, 0), 0);
+    assert_int_equal(cn_backend_step_end(g_cu, 1), CN_EINVAL); /* no step open */
+    after = get(g_cu, &eh.gp);
+    if (graphs) assert_memory_equal(before, after, (size_t)(eh.T * eh.W) * sizeof(float));
+    free(after);
+    free(before);
+    free(ref);
+    pv_free(&x);
+    pv_free(&eh);
+    pid_free(&tok);
+    pid_free(&eids);
+    pid_free(&bad);
+    pw_free(&emb);
+    for (int e = 0; e < NW; e++) pw_free(&ws[e]);
+}
+
 static int setup(void **st) {
     (void)st;
     cn_err err;
@@ -529,6 +622,7 @@ int main(void) {
         cmocka_unit_test(test_elementwise), cmocka_unit_test(test_copy),
         cmocka_unit_test(test_conv1d),      cmocka_unit_test(test_ssm_scan),
         cmocka_unit_test(test_attention),   cmocka_unit_test(test_moe),
+        cmocka_unit_test(test_step),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

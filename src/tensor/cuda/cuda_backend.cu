@@ -5,6 +5,10 @@
  * reused at once); copies and ops between device tensors are queued on the one stream, in order.
  * cuBLAS runs on that stream in CUBLAS_DEFAULT_MATH with TF32 refused (CUBLAS_PEDANTIC_MATH is not
  * needed: default math never uses TF32 for fp32 GEMMs unless asked), so fp32 GEMMs are fp32.
+ * Steps (backend.h) are captured from that stream into a CUDA graph per step key; each capture
+ * updates the key's executable graph in place (cudaGraphExecUpdate: same kernels, new arguments
+ * such as the KV row of this token) and instantiates anew only when the topology changed, so a
+ * decode token costs one graph launch and one wait (cuda_impl.h invariant 5).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -19,24 +23,55 @@ int cu_check(cudaError_t e, const char *what) {
 
 int cu_launch_check(const char *what) { return cu_check(cudaGetLastError(), what); }
 
+void cu_free_later(cu_ctx *c, void *p) {
+    if (!p) return;
+    if (!c->in_step) {
+        cudaFree(p); /* waits for work that may still read it */
+        return;
+    }
+    if (c->n_retired == c->cap_retired) {
+        int cap = c->cap_retired ? 2 * c->cap_retired : 8;
+        void **q = (void **)realloc(c->retired, (size_t)cap * sizeof *q);
+        if (!q) { /* leaking beats freeing under recorded work; logged so it is seen */
+            cn_error("cuda: out of memory retiring a device buffer inside a step (leaked)");
+            return;
+        }
+        c->retired = q;
+        c->cap_retired = cap;
+    }
+    c->retired[c->n_retired++] = p;
+}
+
+/* Frees the retired buffers; the stream must be idle or the step's work queued before a wait. */
+static void free_retired(cu_ctx *c) {
+    for (int i = 0; i < c->n_retired; i++) cudaFree(c->retired[i]);
+    c->n_retired = 0;
+}
+
 void *cu_scratch(cu_ctx *c, size_t bytes) {
     if (bytes <= c->scratch_cap) return c->scratch;
     size_t cap = c->scratch_cap ? c->scratch_cap : (1u << 20);
     while (cap < bytes) cap *= 2;
     void *p = NULL;
-    if (cu_check(cudaStreamSynchronize(c->stream), "scratch sync")) return NULL;
+    /* a capturing stream cannot be waited on: the old buffer is retired instead (invariant 5) */
+    if (!c->capturing && cu_check(cudaStreamSynchronize(c->stream), "scratch sync")) return NULL;
     if (cu_check(cudaMalloc(&p, cap), "scratch")) return NULL;
-    cudaFree(c->scratch);
+    cu_free_later(c, c->scratch);
     c->scratch = p;
     c->scratch_cap = cap;
     return p;
 }
 
 int cu_flag_reset(cu_ctx *c) {
+    if (c->in_step) return CN_OK; /* reset once by step_begin (invariant 5) */
     return cu_check(cudaMemsetAsync(c->flag_dev, 0, sizeof(int), c->stream), "flag reset");
 }
 
 int cu_flag_read(cu_ctx *c, int *flag) {
+    if (c->in_step) { /* read once by step_end */
+        *flag = 0;
+        return CN_OK;
+    }
     int rc = cu_check(cudaMemcpyAsync(c->flag_host, c->flag_dev, sizeof(int),
                                       cudaMemcpyDeviceToHost, c->stream), "flag read");
     if (!rc) rc = cu_check(cudaStreamSynchronize(c->stream), "flag sync");
@@ -48,7 +83,18 @@ int cu_flag_read(cu_ctx *c, int *flag) {
 
 static void cu_free(cn_backend *b) {
     cu_ctx *c = cu_ctx_of(b);
+    if (c->capturing) { /* a step left open: end the capture so the stream can be destroyed */
+        cudaGraph_t g = NULL;
+        if (cudaStreamEndCapture(c->stream, &g) == cudaSuccess && g) cudaGraphDestroy(g);
+        (void)cudaGetLastError();
+        c->capturing = 0;
+    }
+    c->in_step = 0;
     if (c->stream) cudaStreamSynchronize(c->stream);
+    free_retired(c);
+    free(c->retired);
+    for (int i = 0; i < CU_GRAPH_SLOTS; i++)
+        if (c->slots[i].exec) cudaGraphExecDestroy(c->slots[i].exec);
     for (int i = 0; i < c->n_weights; i++) cudaFree(c->weights[i]);
     for (int i = 0; i < c->n_tabs; i++) {
         cudaFree(c->tabs[i].dev);
@@ -66,7 +112,7 @@ static void cu_free(cn_backend *b) {
 }
 
 static int cu_alloc(cn_backend *b, cn_tensor *t) {
-    (void)cu_ctx_of(b); /* makes the device current */
+    if (cu_ctx_of(b)->in_step) return CN_EBUSY; /* makes the device current; backend.h (b) */
     if (t->ndim < 1 || t->ndim > CN_MAX_DIMS || cn_dtype_size(t->dtype) == 0) return CN_EINVAL;
     for (int i = 0; i < t->ndim; i++)
         if (t->shape[i] < 0) return CN_EINVAL;
@@ -83,13 +129,13 @@ static int cu_alloc(cn_backend *b, cn_tensor *t) {
 }
 
 static void cu_release(cn_backend *b, cn_tensor *t) {
-    (void)cu_ctx_of(b);
-    cudaFree(t->data); /* waits for work that may still read it */
+    cu_free_later(cu_ctx_of(b), t->data); /* inside a step (a misuse): at step_end */
     t->data = NULL;
 }
 
 static int cu_upload(cn_backend *b, cn_tensor *dst, uint64_t offset, const void *host, uint64_t n) {
     cu_ctx *c = cu_ctx_of(b);
+    if (c->in_step) return CN_EBUSY;
     if (!n) return CN_OK;
     int rc = cu_check(cudaMemcpyAsync((char *)dst->data + offset, host, n, cudaMemcpyHostToDevice,
                                       c->stream), "upload");
@@ -117,6 +163,7 @@ static int as_rows(const cn_tensor *t, int64_t *rows, int64_t *row_bytes, int64_
 static int cu_download(cn_backend *b, void *host, const cn_tensor *src) {
     cu_ctx *c = cu_ctx_of(b);
     int64_t rows, rb, stride;
+    if (c->in_step) return CN_EBUSY;
     if (!as_rows(src, &rows, &rb, &stride)) return CN_EINVAL;
     if (rows == 0 || rb == 0) return CN_OK;
     int rc = cu_check(cudaMemcpy2DAsync(host, (size_t)rb, src->data, (size_t)stride, (size_t)rb,
@@ -151,6 +198,7 @@ static int cu_supports_weight(const cn_backend *b, cn_dtype dtype) {
 static int cu_weight(cn_backend *b, cn_tensor *w) {
     cu_ctx *c = cu_ctx_of(b);
     if (w->where == CN_DEVICE) return CN_OK;
+    if (c->in_step) return CN_EBUSY;
     if (!cu_supports_weight(b, w->dtype) || w->block_scale) return CN_EUNSUPPORTED;
     if (!cn_tensor_is_contiguous(w)) return CN_EINVAL;
     if (c->n_weights == c->cap_weights) {
@@ -176,7 +224,114 @@ static int cu_weight(cn_backend *b, cn_tensor *w) {
 }
 
 static int cu_sync(cn_backend *b) {
-    return cu_check(cudaStreamSynchronize(cu_ctx_of(b)->stream), "sync");
+    cu_ctx *c = cu_ctx_of(b);
+    if (c->in_step) return CN_EBUSY;
+    return cu_check(cudaStreamSynchronize(c->stream), "sync");
+}
+
+/* ---- iface: steps (backend.h; cuda_impl.h invariant 5) ---- */
+
+static int cu_step_begin(cn_backend *b, int key) {
+    cu_ctx *c = cu_ctx_of(b);
+    if (c->in_step) return CN_EBUSY;
+    if (c->graphs) {
+        int rc = cu_check(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed),
+                          "step capture");
+        if (rc) return rc;
+        c->capturing = 1;
+    }
+    /* inside the capture, so that every replay starts with a clean verdict */
+    int rc = cu_check(cudaMemsetAsync(c->flag_dev, 0, sizeof(int), c->stream), "step flag");
+    if (rc && c->capturing) {
+        cudaGraph_t g = NULL;
+        if (cudaStreamEndCapture(c->stream, &g) == cudaSuccess && g) cudaGraphDestroy(g);
+        (void)cudaGetLastError();
+        c->capturing = 0;
+    }
+    if (rc) return rc;
+    c->in_step = 1;
+    c->step_key = key;
+    return CN_OK;
+}
+
+static int cu_set_record(cn_backend *b, int on) {
+    cu_ctx *c = cu_ctx_of(b);
+    if (c->in_step) return CN_EBUSY;
+    c->graphs = on;
+    return CN_OK;
+}
+
+/* The slot of `key`, or the least recently used one (its graph destroyed) for a new key. */
+static cu_graph *graph_slot(cu_ctx *c, int key) {
+    cu_graph *lru = &c->slots[0];
+    for (int i = 0; i < CU_GRAPH_SLOTS; i++) {
+        cu_graph *s = &c->slots[i];
+        if (s->exec && s->key == key) return s;
+        if (!s->exec) {
+            if (lru->exec) lru = s;
+        } else if (lru->exec && s->last_use < lru->last_use) {
+            lru = s;
+        }
+    }
+    if (lru->exec) cudaGraphExecDestroy(lru->exec);
+    lru->exec = NULL;
+    lru->key = key;
+    return lru;
+}
+
+/* Runs a captured step: the slot's graph updated in place when the topology is the same (only
+ * kernel arguments changed: cache rows, positions, scratch), else instantiated anew. */
+static int launch_graph(cu_ctx *c, cudaGraph_t g) {
+    cu_graph *s = graph_slot(c, c->step_key);
+    if (s->exec) {
+        cudaGraphExecUpdateResultInfo info;
+        if (cudaGraphExecUpdate(s->exec, g, &info) == cudaSuccess) {
+            c->stats.updated++;
+        } else {
+            (void)cudaGetLastError(); /* not sticky: a topology change, instantiate below */
+            cudaGraphExecDestroy(s->exec);
+            s->exec = NULL;
+        }
+    }
+    if (!s->exec) {
+        int rc = cu_check(cudaGraphInstantiate(&s->exec, g, 0), "step instantiate");
+        if (rc) {
+            s->exec = NULL;
+            return rc;
+        }
+        c->stats.instantiated++;
+    }
+    s->last_use = c->stats.steps;
+    return cu_check(cudaGraphLaunch(s->exec, c->stream), "step launch");
+}
+
+static int cu_step_end(cn_backend *b, int run) {
+    cu_ctx *c = cu_ctx_of(b);
+    if (!c->in_step) return CN_EINVAL;
+    int rc = CN_OK;
+    if (c->capturing) {
+        cudaGraph_t g = NULL;
+        cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+        c->capturing = 0;
+        if (e != cudaSuccess) (void)cudaGetLastError();
+        if (run) rc = cu_check(e, "step capture");
+        if (run && !rc) rc = launch_graph(c, g);
+        if (g) cudaGraphDestroy(g);
+    }
+    c->in_step = 0;
+    if (!run) {
+        c->stats.discarded++;
+        cudaStreamSynchronize(c->stream); /* eager ops already queued may use retired buffers */
+        free_retired(c);
+        return CN_OK;
+    }
+    c->stats.steps++;
+    int flag = 0;
+    if (!rc) rc = cu_flag_read(c, &flag); /* waits for the step */
+    else cudaStreamSynchronize(c->stream);
+    free_retired(c);
+    if (rc) return rc;
+    return flag ? CN_EINVAL : CN_OK;
 }
 
 static const cn_backend_iface cu_iface = {
@@ -190,6 +345,10 @@ static const cn_backend_iface cu_iface = {
     /* .weight = */ cu_weight,
     /* .sync = */ cu_sync,
     /* .supports_weight = */ cu_supports_weight,
+    /* .step_begin = */ cu_step_begin,
+    /* .step_end = */ cu_step_end,
+    /* .set_record = */ cu_set_record,
+    /* .measure = */ cu_measure,
     /* .matmul = */ cu_matmul,
     /* .matmul_gather = */ cu_matmul_gather,
     /* .get_rows = */ cu_get_rows,
@@ -231,6 +390,8 @@ extern "C" cn_backend *cn_cuda_backend_create(int device, cn_err *err) {
     b->iface = &cu_iface;
     b->ctx = c;
     c->device = device;
+    const char *g = getenv("CAIRN_CUDA_GRAPHS");
+    c->graphs = !(g && !strcmp(g, "0"));
     const char *step = "set device";
     e = cudaSetDevice(device);
     if (e == cudaSuccess) {
@@ -261,4 +422,10 @@ extern "C" cn_backend *cn_cuda_backend_create(int device, cn_err *err) {
         return NULL;
     }
     return b;
+}
+
+extern "C" int cn_cuda_backend_stats(const cn_backend *b, cn_cuda_stats *out) {
+    if (!b || b->iface != &cu_iface) return CN_EINVAL;
+    *out = ((const cu_ctx *)b->ctx)->stats;
+    return CN_OK;
 }

@@ -8,6 +8,8 @@
 #ifndef CN_CUDA_BACKEND_H
 #define CN_CUDA_BACKEND_H
 
+#include <stdint.h>
+
 #include "base/error.h"
 #include "tensor/backend.h"
 
@@ -16,8 +18,21 @@ extern "C" {
 #endif
 
 /* Creates a backend on CUDA device `device`. NULL on failure, err naming why (no device, driver
- * too old, out of memory). */
+ * too old, out of memory). Steps (backend.h) are recorded as CUDA graphs unless the environment
+ * has CAIRN_CUDA_GRAPHS=0 at creation or cn_backend_set_record turns it off; then their ops are
+ * launched as called, still without a wait per op. */
 cn_backend *cn_cuda_backend_create(int device, cn_err *err);
+
+/* What the steps of a CUDA backend did since creation. */
+typedef struct cn_cuda_stats {
+    uint64_t steps;        /* step_end with run = 1 */
+    uint64_t instantiated; /* graphs instantiated (first step of a key, or a changed topology) */
+    uint64_t updated;      /* graphs updated in place (same topology, new parameters) */
+    uint64_t discarded;    /* steps ended with run = 0 */
+} cn_cuda_stats;
+
+/* Fills *out; 0, or CN_EINVAL if b is not a CUDA backend. */
+int cn_cuda_backend_stats(const cn_backend *b, cn_cuda_stats *out);
 
 #ifdef __cplusplus
 }

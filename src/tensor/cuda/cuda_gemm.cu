@@ -2,12 +2,15 @@
  *
  * Promises: weights are read in their stored dtype and decoded in registers (F8 scaled once per
  * output, as on the CPU); activations stay fp32. Dense paths, by rows T:
- *   T <= MM_GEMV_ROWS          a warp per weight row, all T rows at once (decode: weights read once)
+ *   T <= MM_GEMV_ROWS          a warp per weight row, all T rows at once (decode: weights read once,
+ *                              16 bytes per lane per load when rows are aligned)
  *   F32 weights, larger T      cublasSgemm (fp32, no TF32)
  *   BF16 weights, T >= 32      cublasGemmEx on tensor cores, once per bf16 term of x split in
  *                              three (cuda_impl.h (4): as accurate as an fp32 GEMM)
  *   otherwise                  a tiled SIMT kernel (64x64 tiles, fp32 FMA)
- * The gathered matmul sorts rows by expert on the device (counting sort, one block) into tiles of
+ * The gathered matmul, for at most MM_GATHER_GEMV_ROWS rows (a decode token's experts), runs the
+ * GEMV with each row's expert looked up by its id; for more rows it sorts them by expert on the
+ * device (counting sort, one block) into tiles of
  * one expert each and runs the tiled kernel over them; every output row is computed by one thread
  * group in a fixed order, so results do not depend on the order rows land in a tile.
  * Index tensors are checked on the device before anything is written; the op then waits for the
@@ -26,8 +29,45 @@
 
 /* ---------------------------------------------------------------- GEMV: warp per weight row */
 
-/* y[t][n] = scale * dot(W[n], x[t]) for t < T (<= MM_GEMV_ROWS). Lanes walk k in steps of 32. */
+/* Weight values one lane loads at once: 16 bytes of the stored dtype. */
 template <int DT>
+struct mm_vec {
+    static constexpr int n = DT == CN_F32 ? 4 : DT == CN_F8_E4M3 ? 16 : 8;
+};
+
+/* acc[t] += dot(W row, x[t]) over k for t < T, one warp: with VEC each lane loads 16 bytes of the
+ * row at a time (rows 16-byte aligned, K a multiple of the vector), else one value. The lane sums
+ * are not reduced here. */
+template <int DT, bool VEC>
+__device__ __forceinline__ void mm_row_dot(const char *__restrict__ wr, const char *__restrict__ x,
+                                           int64_t xs, int T, int64_t K, int lane,
+                                           float acc[MM_GEMV_ROWS]) {
+    if (VEC) {
+        constexpr int V = mm_vec<DT>::n;
+        constexpr int ESZ = 16 / V;
+        for (int64_t k0 = (int64_t)lane * V; k0 < K; k0 += 32 * V) {
+            const uint4 raw = *(const uint4 *)(wr + k0 * ESZ);
+            const char *rp = (const char *)&raw;
+#pragma unroll
+            for (int i = 0; i < V; i++) {
+                const float wv = cu_wval<DT>(rp, i);
+#pragma unroll
+                for (int t = 0; t < MM_GEMV_ROWS; t++)
+                    if (t < T) acc[t] = fmaf(wv, ((const float *)(x + t * xs))[k0 + i], acc[t]);
+            }
+        }
+    } else {
+        for (int64_t k = lane; k < K; k += 32) {
+            const float wv = cu_wval<DT>(wr, k);
+#pragma unroll
+            for (int t = 0; t < MM_GEMV_ROWS; t++)
+                if (t < T) acc[t] = fmaf(wv, ((const float *)(x + t * xs))[k], acc[t]);
+        }
+    }
+}
+
+/* y[t][n] = scale * dot(W[n], x[t]) for t < T (<= MM_GEMV_ROWS). */
+template <int DT, bool VEC>
 __global__ void __launch_bounds__(256) k_gemv(const char *__restrict__ w, int64_t ws, float scale,
                                               const char *__restrict__ x, int64_t xs,
                                               char *__restrict__ y, int64_t ys, int T, int64_t K,
@@ -35,22 +75,22 @@ __global__ void __launch_bounds__(256) k_gemv(const char *__restrict__ w, int64_
     const int lane = threadIdx.x & 31;
     const int64_t n = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (n >= N) return;
-    const char *wr = w + n * ws;
     float acc[MM_GEMV_ROWS];
 #pragma unroll
     for (int t = 0; t < MM_GEMV_ROWS; t++) acc[t] = 0.0f;
-    for (int64_t k = lane; k < K; k += 32) {
-        const float wv = cu_wval<DT>(wr, k);
-#pragma unroll
-        for (int t = 0; t < MM_GEMV_ROWS; t++)
-            if (t < T) acc[t] = fmaf(wv, ((const float *)(x + t * xs))[k], acc[t]);
-    }
+    mm_row_dot<DT, VEC>(w + n * ws, x, xs, T, K, lane, acc);
 #pragma unroll
     for (int t = 0; t < MM_GEMV_ROWS; t++) {
         if (t >= T) break;
         const float s = cu_warp_sum(acc[t]);
         if (lane == 0) ((float *)(y + t * ys))[n] = s * scale;
     }
+}
+
+/* Whether a weight's rows can be read 16 bytes at a time. */
+static bool mm_can_vec(cn_dtype dt, const void *data, int64_t stride, int64_t K) {
+    const int v = dt == CN_F32 ? 4 : dt == CN_F8_E4M3 ? 16 : 8;
+    return K % v == 0 && ((uintptr_t)data & 15u) == 0 && stride % 16 == 0;
 }
 
 /* ---------------------------------------------------------------- tiled SIMT GEMM */
@@ -214,10 +254,17 @@ int cu_matmul(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor *
     const int big = K <= INT32_MAX && N <= INT32_MAX && T <= INT32_MAX;
     if (T <= MM_GEMV_ROWS) {
         const unsigned blocks = (unsigned)((N + 7) / 8);
-        CU_DISPATCH_W(w->dtype, (k_gemv<DT><<<blocks, 256, 0, c->stream>>>(
-                                    (const char *)w->data, w->stride[0], scale,
-                                    (const char *)x->data, x->stride[0], (char *)y->data,
-                                    y->stride[0], (int)T, K, N)));
+        if (mm_can_vec(w->dtype, w->data, w->stride[0], K)) {
+            CU_DISPATCH_W(w->dtype, (k_gemv<DT, true><<<blocks, 256, 0, c->stream>>>(
+                                        (const char *)w->data, w->stride[0], scale,
+                                        (const char *)x->data, x->stride[0], (char *)y->data,
+                                        y->stride[0], (int)T, K, N)));
+        } else {
+            CU_DISPATCH_W(w->dtype, (k_gemv<DT, false><<<blocks, 256, 0, c->stream>>>(
+                                        (const char *)w->data, w->stride[0], scale,
+                                        (const char *)x->data, x->stride[0], (char *)y->data,
+                                        y->stride[0], (int)T, K, N)));
+        }
         return cu_launch_check("matmul (gemv)");
     }
     if (w->dtype == CN_F32 && big) {
@@ -297,6 +344,42 @@ __global__ void __launch_bounds__(1024) k_gather_prep(const char *__restrict__ i
     }
 }
 
+/* Few rows (a decode token's k experts): a warp per (row, weight row), the expert read from the
+ * table by the row's id, no sorting. Every block checks all ids first; if one is bad, block (0,0)
+ * sets *flag and no block writes anything, as on the sorted path. `vec`: every expert's rows can
+ * be read 16 bytes at a time. */
+template <int DT, bool VEC>
+__global__ void __launch_bounds__(256) k_gather_gemv(const cu_wexp *__restrict__ table, int n_w,
+                                                     const char *__restrict__ ids, int64_t ids_s,
+                                                     int k, const char *__restrict__ x, int64_t xs,
+                                                     int x_per_token, char *__restrict__ y,
+                                                     int64_t ys, int64_t K, int64_t N, int rows,
+                                                     int *flag) {
+    int bad = 0;
+    if (threadIdx.x < (unsigned)rows) { /* rows <= MM_GATHER_GEMV_ROWS < blockDim.x */
+        const int e = ((const int32_t *)(ids + (int64_t)(threadIdx.x / k) * ids_s))[threadIdx.x % k];
+        bad = e < 0 || e >= n_w;
+    }
+    if (__syncthreads_or(bad)) {
+        if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) *flag = 1;
+        return;
+    }
+    const int lane = threadIdx.x & 31, r = (int)blockIdx.y;
+    const int64_t n = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (n >= N) return;
+    const int e = ((const int32_t *)(ids + (int64_t)(r / k) * ids_s))[r % k];
+    const cu_wexp w = table[e];
+    float acc[MM_GEMV_ROWS];
+#pragma unroll
+    for (int t = 0; t < MM_GEMV_ROWS; t++) acc[t] = 0.0f;
+    mm_row_dot<DT, VEC>(w.data + n * w.stride, x + (int64_t)(x_per_token ? r / k : r) * xs, xs, 1,
+                        K, lane, acc);
+    const float s = cu_warp_sum(acc[0]);
+    if (lane == 0) ((float *)(y + (int64_t)r * ys))[n] = s * w.scale;
+}
+
+#define MM_GATHER_GEMV_ROWS 32 /* T*k up to this: k_gather_gemv (one block checks all ids) */
+
 /* The device table of an expert list, built once per list (weights never move after load). */
 static const cu_wexp *expert_table(cu_ctx *c, const cn_tensor *const *w, int n_w, int *rc) {
     for (int i = 0; i < c->n_tabs; i++) {
@@ -361,6 +444,28 @@ int cu_matmul_gather(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, int
     int rc = CN_OK;
     const cu_wexp *table = expert_table(c, w, n_w, &rc);
     if (!table) return rc;
+    if (rows <= MM_GATHER_GEMV_ROWS) {
+        const int64_t K = x->shape[1], N = y->shape[1];
+        bool vec = true;
+        for (int e = 0; e < n_w && vec; e++) vec = mm_can_vec(dt, w[e]->data, w[e]->stride[0], K);
+        if ((rc = cu_flag_reset(c))) return rc;
+        const dim3 grid((unsigned)((N + 7) / 8), (unsigned)rows);
+        if (vec) {
+            CU_DISPATCH_W(dt, (k_gather_gemv<DT, true><<<grid, 256, 0, c->stream>>>(
+                                  table, n_w, (const char *)ids->data, ids->stride[0], (int)k,
+                                  (const char *)x->data, x->stride[0], x->shape[0] == T,
+                                  (char *)y->data, y->stride[0], K, N, (int)rows, c->flag_dev)));
+        } else {
+            CU_DISPATCH_W(dt, (k_gather_gemv<DT, false><<<grid, 256, 0, c->stream>>>(
+                                  table, n_w, (const char *)ids->data, ids->stride[0], (int)k,
+                                  (const char *)x->data, x->stride[0], x->shape[0] == T,
+                                  (char *)y->data, y->stride[0], K, N, (int)rows, c->flag_dev)));
+        }
+        if ((rc = cu_launch_check("matmul_gather (gemv)"))) return rc;
+        int flag = 0;
+        if ((rc = cu_flag_read(c, &flag))) return rc;
+        return flag ? CN_EINVAL : CN_OK;
+    }
     const int tm = rows <= 2 * (int64_t)n_w ? 16 : 64;
     const int64_t max_tiles = (rows + tm - 1) / tm + n_w;
     if (max_tiles > 65535) return CN_EUNSUPPORTED;

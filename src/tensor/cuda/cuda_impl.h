@@ -6,14 +6,22 @@
  *  (1) Every op queues its kernels on ctx->stream and returns without waiting, except the ops that
  *      take index tensors (get_rows, matmul_gather): they check the ids on the device, kernels that
  *      write skip all writes when a check failed, and the op waits for the 4-byte verdict so that
- *      it can return CN_EINVAL with nothing written (backend.h's contract).
+ *      it can return CN_EINVAL with nothing written (backend.h's contract); inside a step the
+ *      verdict waits for step_end (5).
  *  (2) `scratch` is device memory owned by the context; it is only grown between ops, after the
- *      stream is idle (cudaFree synchronizes), so a queued kernel never sees it freed.
+ *      stream is idle (cudaFree synchronizes), so a queued kernel never sees it freed; inside a
+ *      captured step the old buffer is retired instead (5).
  *  (3) Weights uploaded by the `weight` hook are listed in `weights` and freed with the backend.
  *  (4) Sums are fp32 (norm sums of squares in double, as on the CPU); no TF32 and no fast-math
  *      intrinsics, so results differ from the CPU backend by rounding order only. BF16 GEMMs on
  *      tensor cores split each fp32 activation into three bf16 terms (x = t0 + t1 + t2 up to
  *      2^-27 |x|) and sum the three products in fp32: fp32 accuracy at 3x the tensor-core work.
+ *  (5) Steps (backend.h): between step_begin and step_end `in_step` is set, the ids-check flag is
+ *      reset once at the start of the step (inside it, when captured) and read once at step_end;
+ *      cu_flag_reset/cu_flag_read do nothing inside a step. When `graphs` is on the stream is in
+ *      relaxed capture mode for the whole step: nothing may wait for the stream or free memory
+ *      the recorded work might use, so cu_scratch grows by retiring the old buffer (freed at
+ *      step_end after the step ran) and host transfers are refused with CN_EBUSY.
  */
 #ifndef CN_CUDA_IMPL_H
 #define CN_CUDA_IMPL_H
@@ -46,6 +54,15 @@ typedef struct cu_wexp {
     float scale;
 } cu_wexp;
 
+/* The executable graph last instantiated for one step key (invariant 5). */
+typedef struct cu_graph {
+    int key;
+    cudaGraphExec_t exec; /* NULL when the slot is free */
+    uint64_t last_use;    /* step counter, to reuse the least recently used slot */
+} cu_graph;
+
+#define CU_GRAPH_SLOTS 4
+
 typedef struct cu_ctx {
     int device;
     int n_sm;
@@ -59,6 +76,15 @@ typedef struct cu_ctx {
     int n_weights, cap_weights;
     cu_wtab *tabs;
     int n_tabs, cap_tabs;
+    /* steps (invariant 5) */
+    int graphs;       /* record steps as CUDA graphs ($CAIRN_CUDA_GRAPHS=0 at create: eager) */
+    int in_step;
+    int capturing;
+    int step_key;
+    cu_graph slots[CU_GRAPH_SLOTS];
+    void **retired;   /* device buffers to free once the step ran */
+    int n_retired, cap_retired;
+    cn_cuda_stats stats;
 } cu_ctx;
 
 /* The context, with the backend's device made current for the calling thread (cheap when it
@@ -75,7 +101,10 @@ int cu_check(cudaError_t e, const char *what);
 int cu_launch_check(const char *what);
 /* Device scratch of at least `bytes` (256-byte aligned), or NULL (invariant 2). */
 void *cu_scratch(cu_ctx *c, size_t bytes);
-/* Resets the ids-check flag (queued), and reads it back after the queued work (waits). */
+/* Frees device memory now, or at step_end if a step is being recorded (invariant 5). */
+void cu_free_later(cu_ctx *c, void *p);
+/* Resets the ids-check flag (queued), and reads it back after the queued work (waits); inside a
+ * step both do nothing and the flag reads 0 (the verdict comes from step_end, invariant 5). */
 int cu_flag_reset(cu_ctx *c);
 int cu_flag_read(cu_ctx *c, int *flag);
 
@@ -155,6 +184,8 @@ int cu_mul(cn_backend *b, cn_tensor *y, const cn_tensor *a, const cn_tensor *c);
 int cu_silu(cn_backend *b, cn_tensor *y, const cn_tensor *x);
 int cu_relu2(cn_backend *b, cn_tensor *y, const cn_tensor *x);
 int cu_scale(cn_backend *b, cn_tensor *y, const cn_tensor *x, float s);
+/* The measure hook (cuda_probe.cu). */
+int cu_measure(cn_backend *b, int what, cn_backend_limits *out);
 /* dst = src converted, 2D with row strides: F32 <-> BF16/F16 (cuda_elementwise.cu). */
 int cu_convert(cn_backend *b, cn_tensor *dst, const cn_tensor *src);
 
