@@ -65,6 +65,20 @@ static inline double tu_rel_err(const float *a, const float *b, size_t n) {
     return maxb > 0 ? maxd / maxb : maxd;
 }
 
+/* tu_rel_err over the first `rows` rows of two F32 2D tensors of backend b, read back through
+ * cn_backend_download (their memory may be a GPU's); INFINITY if a download fails. */
+static inline double tu_rows_rel_err(cn_backend *b, const cn_tensor *x, const cn_tensor *y, int rows) {
+    cn_tensor xr = cn_tensor_rows(x, 0, rows), yr = cn_tensor_rows(y, 0, rows);
+    size_t n = (size_t)rows * (size_t)x->shape[1];
+    float *hx = malloc(n * sizeof *hx + 1), *hy = malloc(n * sizeof *hy + 1);
+    double e = INFINITY;
+    if (hx && hy && !cn_backend_download(b, hx, &xr) && !cn_backend_download(b, hy, &yr))
+        e = tu_rel_err(hx, hy, n);
+    free(hx);
+    free(hy);
+    return e;
+}
+
 /* The backend a model or cache test runs on: $CAIRN_BACKEND ("cpu" when unset; `make test-cuda`
  * sets "cuda"). NULL, with the reason on stderr, if it cannot be created. */
 static inline cn_backend *tu_backend(int n_threads) {

@@ -157,9 +157,9 @@ static void expect_cold_draft_rows(env *v, const int32_t *toks, int n, const cn_
     const cn_state *d = v->e->spec->draft;
     for (int l = 0; l < d->n_layers; l++) {
         if (d->layers[l].type != CN_BLOCK_ATTN) continue;
-        size_t row = (size_t)d->layers[l].k.shape[1];
-        double ek = tu_rel_err(d->layers[l].k.data, v->cold_draft->layers[l].k.data, (size_t)L * row);
-        double ev = tu_rel_err(d->layers[l].v.data, v->cold_draft->layers[l].v.data, (size_t)L * row);
+        cn_backend *b = cn_model_backend(v->m);
+        double ek = tu_rows_rel_err(b, &d->layers[l].k, &v->cold_draft->layers[l].k, L);
+        double ev = tu_rows_rel_err(b, &d->layers[l].v, &v->cold_draft->layers[l].v, L);
         if (ek >= TOL || ev >= TOL) fprintf(stderr, "draft rows differ from a cold run: %.3g %.3g\n", ek, ev);
         assert_true(ek < TOL && ev < TOL);
     }

@@ -189,9 +189,8 @@ static void expect_cold_draft_rows(env *v, const int32_t *seq) {
     const cn_state *d = v->e->spec->draft;
     for (int l = 0; l < d->n_layers; l++) {
         if (d->layers[l].type != CN_BLOCK_ATTN) continue;
-        size_t n = (size_t)L * (size_t)d->layers[l].k.shape[1];
-        assert_true(tu_rel_err(d->layers[l].k.data, cd->layers[l].k.data, n) < TOL);
-        assert_true(tu_rel_err(d->layers[l].v.data, cd->layers[l].v.data, n) < TOL);
+        assert_true(tu_rows_rel_err(v->b, &d->layers[l].k, &cd->layers[l].k, L) < TOL);
+        assert_true(tu_rows_rel_err(v->b, &d->layers[l].v, &cd->layers[l].v, L) < TOL);
     }
     free(hid);
     cn_state_free(ct);
