@@ -472,6 +472,11 @@ static void test_attention(void **st) {
     check_attention(CN_F32, 6, 2, 128, 300, 1); /* decode against a longer cache */
     check_attention(CN_BF16, 4, 1, 40, 70, 3);
     check_attention(CN_F16, 2, 2, 16, 33, 2);
+    /* split-K: many spans of 256 keys, a last span partly or wholly past some queries' keys */
+    check_attention(CN_F32, 8, 2, 128, 3000, 1);
+    check_attention(CN_BF16, 4, 2, 64, 1023, 5);
+    check_attention(CN_F32, 4, 1, 32, 511, 2);
+    check_attention(CN_F32, 16, 4, 16, 200, 130); /* T * Hq past the split limit: one pass */
 }
 
 static void check_route(int T, int E, int K, int n_group, int topk_group, int use_bias) {
@@ -509,6 +514,129 @@ static void test_moe(void **st) {
     pv_free(&rows);
     pv_free(&w);
     pv_free(&y);
+}
+
+/* ---------------------------------------------------------------- block-scaled weights */
+
+/* An NVFP4 or MXFP8 weight [N, K]: host bytes and scales, the CUDA copy, and the dequantized
+ * values in double for the reference (the CPU backend quantizes activations for NVFP4, so it is
+ * not the reference here). */
+typedef struct pq {
+    cn_tensor g, gs;   /* CUDA weight and its block scales */
+    double *deq;       /* [N, K] dequantized, global scale included */
+    void *host, *hs;
+} pq;
+
+static pq pq_make(cn_dtype dt, int64_t N, int64_t K) {
+    pq q;
+    const int64_t blk = dt == CN_NVFP4 ? 16 : 32;
+    const size_t wbytes = (size_t)(dt == CN_NVFP4 ? N * K / 2 : N * K), sbytes = (size_t)(N * K / blk);
+    uint8_t *w = malloc(wbytes), *sc = malloc(sbytes);
+    q.deq = malloc((size_t)(N * K) * sizeof *q.deq);
+    assert_true(w && sc && q.deq);
+    for (size_t i = 0; i < wbytes; i++)
+        w[i] = dt == CN_NVFP4 ? (uint8_t)unif(0, 255.999f) : cn_f32_to_e4m3(unif(-8, 8));
+    for (size_t i = 0; i < sbytes; i++)
+        sc[i] = dt == CN_NVFP4 ? cn_f32_to_e4m3(unif(0.25f, 4.0f)) : (uint8_t)unif(120, 131.999f);
+    const float g = dt == CN_NVFP4 ? 0.05f : 1.0f;
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t k = 0; k < K; k++) {
+            double v, s = sc[n * (K / blk) + k / blk];
+            if (dt == CN_NVFP4) {
+                uint8_t p = w[n * (K / 2) + k / 2];
+                v = cn_e2m1_to_f32(k % 2 ? p >> 4 : p & 15) * (double)cn_e4m3_to_f32((uint8_t)s) * g;
+            } else {
+                v = (double)cn_e4m3_to_f32(w[n * K + k]) * (double)cn_e8m0_to_f32((uint8_t)s);
+            }
+            q.deq[n * K + k] = v;
+        }
+    q.gs = cn_tensor_2d(dt == CN_NVFP4 ? CN_F8_E4M3 : CN_U8, N, K / blk, sc);
+    assert_int_equal(cn_backend_weight(g_cu, &q.gs), 0);
+    q.g = cn_tensor_2d(dt, N, K, w);
+    q.g.scale = g;
+    q.g.block_scale = &q.gs;
+    assert_int_equal(cn_backend_weight(g_cu, &q.g), 0);
+    q.host = w;
+    q.hs = sc;
+    return q;
+}
+
+static void pq_free(pq *q) {
+    free(q->deq);
+    free(q->host);
+    free(q->hs);
+}
+
+/* max |y - x deq^T| / max |x deq^T| over the view y:[R, N] for x rows xr(r). */
+static double pq_err(const pq *q, const pv *x, const pv *y, const int32_t *ids, int k) {
+    float *xh = get(g_cu, &x->g), *yh = get(g_cu, &y->g);
+    const int64_t N = y->C, K = x->C;
+    double maxd = 0, maxr = 0;
+    for (int64_t r = 0; r < y->T; r++) {
+        const int64_t xr = ids && x->T != y->T ? r / k : r;
+        const double *wb = ids ? q[ids[r]].deq : q->deq;
+        for (int64_t n = 0; n < N; n++) {
+            double ref = 0;
+            for (int64_t kk = 0; kk < K; kk++) ref += wb[n * K + kk] * xh[xr * K + kk];
+            maxd = fmax(maxd, fabs(ref - yh[r * N + n]));
+            maxr = fmax(maxr, fabs(ref));
+        }
+    }
+    free(xh);
+    free(yh);
+    return maxr > 0 ? maxd / maxr : maxd;
+}
+
+static void test_block_scaled(void **st) {
+    (void)st;
+    const cn_dtype dts[] = {CN_NVFP4, CN_MXFP8};
+    const int64_t Ts[] = {1, 3, 8, 13, 40};
+    for (size_t d = 0; d < 2; d++)
+        for (int64_t K = 256; K <= 288; K += 16) { /* NVFP4 272: rows not 16-byte vectors */
+            if (dts[d] == CN_MXFP8 && K % 32) continue;
+            for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
+                const int64_t T = Ts[i], N = 70;
+                pq w = pq_make(dts[d], N, K);
+                pv x = pv_make(T, K, 3, -1, 1), y = pv_make(T, N, 2, 0, 0);
+                assert_int_equal(cn_op_matmul(g_cu, &y.g, &w.g, &x.g), 0);
+                double e = pq_err(&w, &x, &y, NULL, 1);
+                if (!(e <= TOL_MM)) {
+                    print_error("matmul %s T=%lld K=%lld: rel err %.3g\n", cn_dtype_name(dts[d]),
+                                (long long)T, (long long)K, e);
+                    fail();
+                }
+                pv_free(&x);
+                pv_free(&y);
+                pq_free(&w);
+            }
+        }
+    /* gathered experts: the gather GEMV (T*k <= 32) and the sorted tiles */
+    enum { NW = 5 };
+    const int64_t cases[][2] = {{1, 3}, {11, 3}};
+    for (size_t d = 0; d < 2; d++)
+        for (size_t ci = 0; ci < 2; ci++) {
+            const int64_t T = cases[ci][0], k = cases[ci][1], K = 256, N = 48;
+            pq ws[NW];
+            const cn_tensor *wg[NW];
+            for (int e = 0; e < NW; e++) {
+                ws[e] = pq_make(dts[d], N, K);
+                wg[e] = &ws[e].g;
+            }
+            int32_t ids[64];
+            for (int64_t i = 0; i < T * k; i++) ids[i] = (int32_t)unif(0, NW - 0.001f);
+            pid id = pid_make(T, k, ids);
+            pv x = pv_make(T, K, 3, -1, 1), y = pv_make(T * k, N, 1, 0, 0);
+            assert_int_equal(cn_op_matmul_gather(g_cu, &y.g, wg, NW, &x.g, &id.g), 0);
+            double e = pq_err(ws, &x, &y, ids, (int)k);
+            if (!(e <= TOL_MM)) {
+                print_error("matmul_gather %s T=%lld: rel err %.3g\n", cn_dtype_name(dts[d]), (long long)T, e);
+                fail();
+            }
+            pid_free(&id);
+            pv_free(&x);
+            pv_free(&y);
+            for (int e2 = 0; e2 < NW; e2++) pq_free(&ws[e2]);
+        }
 }
 
 /* The ops of a decode-like step: x = emb[tok]; eh = relu2(experts(x)). */
@@ -598,6 +726,34 @@ static void test_step(void **st) {
     for (int e = 0; e < NW; e++) pw_free(&ws[e]);
 }
 
+/* A decode step's attention replayed as the cache grows across span boundaries (the graph's
+ * grid and scratch change, its kernels do not): each step equals the eager call bit for bit. */
+static void test_step_attention(void **st) {
+    (void)st;
+    const int Hq = 8, Hkv = 2, Dh = 64, S = 1100;
+    const int pasts[] = {250, 255, 256, 300, 511, 512, 1000, 20};
+    pv q = pv_make(1, (int64_t)Hq * Dh, 0, -1, 1), out = pv_make(1, (int64_t)Hq * Dh, 0, 0, 0);
+    pv kf = pv_make(S, (int64_t)Hkv * Dh, 0, -1, 1), vf = pv_make(S, (int64_t)Hkv * Dh, 0, -2, 2);
+    const float scale = 0.125f;
+    for (size_t i = 0; i < sizeof pasts / sizeof pasts[0]; i++) {
+        assert_int_equal(cn_op_attention(g_cu, &out.g, &q.g, &kf.g, &vf.g, pasts[i], Hq, Hkv, scale), 0);
+        float *ref = get(g_cu, &out.g);
+        assert_int_equal(cn_backend_step_begin(g_cu, 9), 0);
+        int rc = cn_op_scale(g_cu, &out.g, &out.g, 0.0f);
+        if (!rc) rc = cn_op_attention(g_cu, &out.g, &q.g, &kf.g, &vf.g, pasts[i], Hq, Hkv, scale);
+        assert_int_equal(rc, 0);
+        assert_int_equal(cn_backend_step_end(g_cu, 1), 0);
+        float *got = get(g_cu, &out.g);
+        assert_memory_equal(got, ref, (size_t)(Hq * Dh) * sizeof(float));
+        free(got);
+        free(ref);
+    }
+    pv_free(&q);
+    pv_free(&out);
+    pv_free(&kf);
+    pv_free(&vf);
+}
+
 static int setup(void **st) {
     (void)st;
     cn_err err;
@@ -622,7 +778,8 @@ int main(void) {
         cmocka_unit_test(test_elementwise), cmocka_unit_test(test_copy),
         cmocka_unit_test(test_conv1d),      cmocka_unit_test(test_ssm_scan),
         cmocka_unit_test(test_attention),   cmocka_unit_test(test_moe),
-        cmocka_unit_test(test_step),
+        cmocka_unit_test(test_block_scaled),
+        cmocka_unit_test(test_step),        cmocka_unit_test(test_step_attention),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -4,7 +4,12 @@
  * lane for the scores, then the chunk's values broadcast lane by lane), with a one-pass softmax
  * that subtracts the running maximum before every exp, as the CPU backend does; the accumulator
  * of head_dim values lives in registers (head_dim <= 256). Keys and values may be F32, BF16, F16
- * or F8_E4M3 rows (F8 with the tensor's scale). Split-K over long caches is a later increment.
+ * or F8_E4M3 rows (F8 with the tensor's scale).
+ * Split-K for few queries (decode, a speculative verify: T * Hq < ATT_SPLIT_MAX_ITEMS): the keys
+ * are cut in spans of ATT_SPLIT_KEYS, one warp per (query, head, span) writes its running max,
+ * sum and unnormalised accumulator to scratch, and a second kernel merges the spans in order.
+ * Those calls always take this path, with a single span too, so a decode step's graph keeps its
+ * kernels as the cache grows (only the grid and the scratch change, cuda_backend.cu).
  */
 #include <math.h>
 
@@ -13,6 +18,8 @@
 #define ATT_WARPS 4
 #define ATT_MAX_DH 256
 #define ATT_PER_LANE (ATT_MAX_DH / 32)
+#define ATT_SPLIT_KEYS 256        /* keys per span of a split call */
+#define ATT_SPLIT_MAX_ITEMS 2048  /* (query, head) pairs below which calls are split */
 
 typedef struct att_args {
     char *out;
@@ -23,10 +30,13 @@ typedef struct att_args {
     int64_t ks, vs;
     float kscale, vscale, scale;
     int T, n_past, Hq, group, Dh;
+    int spans;   /* split: spans of ATT_SPLIT_KEYS keys (gridDim.y); 0 when not split */
+    float *part; /* split: [T*Hq][spans][Dh + 2] accumulator, then max and sum */
 } att_args;
 
 template <int KD, int VD>
 __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(att_args a) {
+    /* split: this block's span of keys; a span past a query's last key leaves an empty partial */
     __shared__ float qsh[ATT_WARPS][ATT_MAX_DH];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const int64_t item = (int64_t)blockIdx.x * ATT_WARPS + wid; /* t * Hq + h */
@@ -43,10 +53,13 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(att_args a) {
 #pragma unroll
     for (int i = 0; i < ATT_PER_LANE; i++) acc[i] = 0.0f;
     float m = -INFINITY, l = 0.0f;
-    const int64_t n_keys = (int64_t)a.n_past + t + 1;
+    const int64_t n_all = (int64_t)a.n_past + t + 1;
+    const int64_t s_lo = a.spans ? (int64_t)blockIdx.y * ATT_SPLIT_KEYS : 0;
+    const int64_t n_keys = a.spans ? (s_lo + ATT_SPLIT_KEYS < n_all ? s_lo + ATT_SPLIT_KEYS : n_all)
+                                   : n_all;
     const int64_t koff = (int64_t)kvh * Dh * (KD == CN_F32 ? 4 : KD == CN_F8_E4M3 ? 1 : 2);
     const int64_t voff = (int64_t)kvh * Dh * (VD == CN_F32 ? 4 : VD == CN_F8_E4M3 ? 1 : 2);
-    for (int64_t s0 = 0; s0 < n_keys; s0 += 32) {
+    for (int64_t s0 = s_lo; s0 < n_keys; s0 += 32) {
         const int64_t s = s0 + lane;
         float sc = -INFINITY;
         if (s < n_keys) {
@@ -74,7 +87,54 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(att_args a) {
         }
         m = mn;
     }
+    if (a.spans) { /* m = -inf and l = 0 for an empty span */
+        float *pr = a.part + (item * a.spans + blockIdx.y) * (int64_t)(Dh + 2);
+#pragma unroll
+        for (int i = 0; i < ATT_PER_LANE; i++) {
+            const int d = lane + 32 * i;
+            if (d < Dh) pr[d] = acc[i];
+        }
+        if (lane == 0) {
+            pr[Dh] = m;
+            pr[Dh + 1] = l;
+        }
+        return;
+    }
     const float inv = 1.0f / l;
+    float *orow = (float *)(a.out + (int64_t)t * a.os) + (int64_t)h * Dh;
+#pragma unroll
+    for (int i = 0; i < ATT_PER_LANE; i++) {
+        const int d = lane + 32 * i;
+        if (d < Dh) orow[d] = acc[i] * inv;
+    }
+}
+
+/* Merges the spans of one (query, head) per warp, in span order: the online softmax's rescaling
+ * applied across spans. Span 0 always holds key 0, so the overall max is finite. */
+__global__ void __launch_bounds__(ATT_WARPS * 32) k_attention_merge(att_args a) {
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const int64_t item = (int64_t)blockIdx.x * ATT_WARPS + wid;
+    if (item >= (int64_t)a.T * a.Hq) return;
+    const int t = (int)(item / a.Hq), h = (int)(item % a.Hq), Dh = a.Dh;
+    const float *base = a.part + item * a.spans * (int64_t)(Dh + 2);
+    float M = -INFINITY;
+    for (int sp = 0; sp < a.spans; sp++) M = fmaxf(M, base[sp * (int64_t)(Dh + 2) + Dh]);
+    float acc[ATT_PER_LANE], L = 0.0f;
+#pragma unroll
+    for (int i = 0; i < ATT_PER_LANE; i++) acc[i] = 0.0f;
+    for (int sp = 0; sp < a.spans; sp++) {
+        const float *pr = base + sp * (int64_t)(Dh + 2);
+        const float l = pr[Dh + 1];
+        if (l == 0.0f) continue; /* an empty span */
+        const float w = expf(pr[Dh] - M);
+        L = fmaf(l, w, L);
+#pragma unroll
+        for (int i = 0; i < ATT_PER_LANE; i++) {
+            const int d = lane + 32 * i;
+            if (d < Dh) acc[i] = fmaf(pr[d], w, acc[i]);
+        }
+    }
+    const float inv = 1.0f / L;
     float *orow = (float *)(a.out + (int64_t)t * a.os) + (int64_t)h * Dh;
 #pragma unroll
     for (int i = 0; i < ATT_PER_LANE; i++) {
@@ -85,16 +145,20 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(att_args a) {
 
 template <int KD>
 static int launch_v(cu_ctx *c, const att_args &a, cn_dtype vd, unsigned blocks) {
+    const dim3 grid(blocks, a.spans ? (unsigned)a.spans : 1u);
     switch (vd) {
-    case CN_F32: k_attention<KD, CN_F32><<<blocks, ATT_WARPS * 32, 0, c->stream>>>(a); break;
-    case CN_BF16: k_attention<KD, CN_BF16><<<blocks, ATT_WARPS * 32, 0, c->stream>>>(a); break;
-    case CN_F16: k_attention<KD, CN_F16><<<blocks, ATT_WARPS * 32, 0, c->stream>>>(a); break;
+    case CN_F32: k_attention<KD, CN_F32><<<grid, ATT_WARPS * 32, 0, c->stream>>>(a); break;
+    case CN_BF16: k_attention<KD, CN_BF16><<<grid, ATT_WARPS * 32, 0, c->stream>>>(a); break;
+    case CN_F16: k_attention<KD, CN_F16><<<grid, ATT_WARPS * 32, 0, c->stream>>>(a); break;
     case CN_F8_E4M3:
-        k_attention<KD, CN_F8_E4M3><<<blocks, ATT_WARPS * 32, 0, c->stream>>>(a);
+        k_attention<KD, CN_F8_E4M3><<<grid, ATT_WARPS * 32, 0, c->stream>>>(a);
         break;
     default: return CN_EUNSUPPORTED;
     }
-    return cu_launch_check("attention");
+    int rc = cu_launch_check("attention");
+    if (rc || !a.spans) return rc;
+    k_attention_merge<<<blocks, ATT_WARPS * 32, 0, c->stream>>>(a);
+    return cu_launch_check("attention merge");
 }
 
 int cu_attention(cn_backend *b, cn_tensor *out, const cn_tensor *q, const cn_tensor *kc,
@@ -120,6 +184,15 @@ int cu_attention(cn_backend *b, cn_tensor *out, const cn_tensor *q, const cn_ten
     a.Hq = n_heads;
     a.group = n_heads / n_kv_heads;
     a.Dh = (int)Dh;
+    a.spans = 0;
+    a.part = NULL;
+    if (T * n_heads < ATT_SPLIT_MAX_ITEMS) {
+        const int64_t spans = ((int64_t)n_past + T + ATT_SPLIT_KEYS - 1) / ATT_SPLIT_KEYS;
+        if (spans > 65535) return CN_EUNSUPPORTED;
+        a.spans = (int)spans;
+        a.part = (float *)cu_scratch(c, (size_t)(T * n_heads * spans * (Dh + 2)) * sizeof(float));
+        if (!a.part) return CN_ENOMEM;
+    }
     const unsigned blocks = (unsigned)((T * n_heads + ATT_WARPS - 1) / ATT_WARPS);
     switch (kc->dtype) {
     case CN_F32: return launch_v<CN_F32>(c, a, vc->dtype, blocks);

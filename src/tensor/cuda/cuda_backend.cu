@@ -188,18 +188,22 @@ static int cu_copy(cn_backend *b, cn_tensor *dst, const cn_tensor *src) {
     return cu_convert(b, dst, src);
 }
 
+/* NVFP4 and MXFP8 only in the GEMM paths (matmul, matmul_gather); get_rows of a block-scaled
+ * table gives CN_EUNSUPPORTED (checkpoints keep embeddings in BF16). */
 static int cu_supports_weight(const cn_backend *b, cn_dtype dtype) {
     (void)b;
-    /* NVFP4 / MXFP8: not yet (CN_EUNSUPPORTED through the wrappers) */
-    return dtype == CN_F32 || dtype == CN_BF16 || dtype == CN_F16 || dtype == CN_F8_E4M3;
+    return dtype == CN_F32 || dtype == CN_BF16 || dtype == CN_F16 || dtype == CN_F8_E4M3 ||
+           dtype == CN_NVFP4 || dtype == CN_MXFP8;
 }
 
-/* Uploads a host-mapped weight once, in its stored dtype, and repoints it at the device copy. */
+/* Uploads a host-mapped tensor once, in its stored dtype, and repoints it at the device copy:
+ * weights, and the block scales of NVFP4/MXFP8 ones (uploaded first, by the loader). */
 static int cu_weight(cn_backend *b, cn_tensor *w) {
     cu_ctx *c = cu_ctx_of(b);
     if (w->where == CN_DEVICE) return CN_OK;
     if (c->in_step) return CN_EBUSY;
-    if (!cu_supports_weight(b, w->dtype) || w->block_scale) return CN_EUNSUPPORTED;
+    if (cn_dtype_size(w->dtype) == 0 && w->dtype != CN_NVFP4) return CN_EUNSUPPORTED;
+    if (w->block_scale && w->block_scale->where != CN_DEVICE) return CN_EINVAL;
     if (!cn_tensor_is_contiguous(w)) return CN_EINVAL;
     if (c->n_weights == c->cap_weights) {
         int cap = c->cap_weights ? 2 * c->cap_weights : 256;
@@ -283,6 +287,13 @@ static cu_graph *graph_slot(cu_ctx *c, int key) {
  * kernel arguments changed: cache rows, positions, scratch), else instantiated anew. */
 static int launch_graph(cu_ctx *c, cudaGraph_t g) {
     cu_graph *s = graph_slot(c, c->step_key);
+    size_t n_nodes = 0;
+    int rc = cu_check(cudaGraphGetNodes(g, NULL, &n_nodes), "step nodes");
+    if (rc) return rc;
+    if (s->exec && s->n_nodes != n_nodes) { /* another topology: no update to attempt */
+        cudaGraphExecDestroy(s->exec);
+        s->exec = NULL;
+    }
     if (s->exec) {
         cudaGraphExecUpdateResultInfo info;
         if (cudaGraphExecUpdate(s->exec, g, &info) == cudaSuccess) {
@@ -294,11 +305,12 @@ static int launch_graph(cu_ctx *c, cudaGraph_t g) {
         }
     }
     if (!s->exec) {
-        int rc = cu_check(cudaGraphInstantiate(&s->exec, g, 0), "step instantiate");
+        rc = cu_check(cudaGraphInstantiate(&s->exec, g, 0), "step instantiate");
         if (rc) {
             s->exec = NULL;
             return rc;
         }
+        s->n_nodes = n_nodes;
         c->stats.instantiated++;
     }
     s->last_use = c->stats.steps;

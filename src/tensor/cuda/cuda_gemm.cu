@@ -1,7 +1,9 @@
 /* cuda_gemm.cu - y = x W^T (dense and gathered by expert) and the embedding lookup on the GPU.
  *
- * Promises: weights are read in their stored dtype and decoded in registers (F8 scaled once per
- * output, as on the CPU); activations stay fp32. Dense paths, by rows T:
+ * Promises: weights are read in their stored dtype and decoded in registers (F8 and the NVFP4
+ * global scaled once per output, as on the CPU; NVFP4's E4M3 scale per 16 and MXFP8's E8M0 per 32
+ * applied to each weight, so the result is the fp32 product with the dequantized weights - the
+ * CPU instead quantizes activations to int8 for NVFP4); activations stay fp32. Dense paths, by rows T:
  *   T <= MM_GEMV_ROWS          a warp per weight row, all T rows at once (decode: weights read once,
  *                              16 bytes per lane per load when rows are aligned)
  *   F32 weights, larger T      cublasSgemm (fp32, no TF32)
@@ -29,28 +31,68 @@
 
 /* ---------------------------------------------------------------- GEMV: warp per weight row */
 
-/* Weight values one lane loads at once: 16 bytes of the stored dtype. */
+/* Weight values one lane loads at once: 16 bytes of the stored dtype (NVFP4: 32 nibbles, two
+ * scale blocks; MXFP8: 16 values of one scale block). */
 template <int DT>
 struct mm_vec {
-    static constexpr int n = DT == CN_F32 ? 4 : DT == CN_F8_E4M3 ? 16 : 8;
+    static constexpr int n = DT == CN_F32 ? 4 : DT == CN_NVFP4 ? 32 : (DT == CN_F8_E4M3 || DT == CN_MXFP8) ? 16 : 8;
 };
 
-/* acc[t] += dot(W row, x[t]) over k for t < T, one warp: with VEC each lane loads 16 bytes of the
- * row at a time (rows 16-byte aligned, K a multiple of the vector), else one value. The lane sums
- * are not reduced here. */
+/* Weight i of a 16-byte chunk starting at column k0 of row n, its block scale applied. */
+template <int DT>
+__device__ __forceinline__ float mm_chunk_val(const char *rp, int i, const cu_wexp &w, int64_t n,
+                                              int64_t k0) {
+    if (DT == CN_NVFP4) {
+        const unsigned p = ((const unsigned char *)rp)[i >> 1];
+        return cu_e2m1((i & 1) ? p >> 4 : p & 15u) *
+               cu_e4m3(w.bs[n * w.bs_stride + ((k0 + i) >> 4)]);
+    }
+    if (DT == CN_MXFP8)
+        return cu_e4m3(((const unsigned char *)rp)[i]) * cu_e8m0(w.bs[n * w.bs_stride + (k0 >> 5)]);
+    return cu_wval<DT>(rp, i);
+}
+
+/* Byte offset of column k in a row of dtype DT. */
+template <int DT>
+__device__ __forceinline__ int64_t mm_col_bytes(int64_t k) {
+    return DT == CN_NVFP4 ? k >> 1 : k * (DT == CN_F32 ? 4 : (DT == CN_BF16 || DT == CN_F16) ? 2 : 1);
+}
+
+/* acc[t] += dot(W row n, x[t]) over k for t < T, one warp: with VEC each lane loads 16 bytes of
+ * the row at a time (rows 16-byte aligned, K a multiple of the vector), else one value. The lane
+ * sums are not reduced here. */
 template <int DT, bool VEC>
-__device__ __forceinline__ void mm_row_dot(const char *__restrict__ wr, const char *__restrict__ x,
+__device__ __forceinline__ void mm_row_dot(const cu_wexp &w, int64_t n, const char *__restrict__ x,
                                            int64_t xs, int T, int64_t K, int lane,
                                            float acc[MM_GEMV_ROWS]) {
+    const char *wr = w.data + n * w.stride;
     if (VEC) {
         constexpr int V = mm_vec<DT>::n;
-        constexpr int ESZ = 16 / V;
-        for (int64_t k0 = (int64_t)lane * V; k0 < K; k0 += 32 * V) {
-            const uint4 raw = *(const uint4 *)(wr + k0 * ESZ);
+        /* two loads in flight per lane: a decode GEMV is bound by memory latency otherwise; the
+         * products are still summed in k order per lane */
+        int64_t k0 = (int64_t)lane * V;
+        for (; k0 + 32 * V < K; k0 += 64 * V) {
+            const uint4 raw0 = *(const uint4 *)(wr + mm_col_bytes<DT>(k0));
+            const uint4 raw1 = *(const uint4 *)(wr + mm_col_bytes<DT>(k0 + 32 * V));
+#pragma unroll
+            for (int half = 0; half < 2; half++) {
+                const char *rp = half ? (const char *)&raw1 : (const char *)&raw0;
+                const int64_t kb = k0 + half * 32 * V;
+#pragma unroll
+                for (int i = 0; i < V; i++) {
+                    const float wv = mm_chunk_val<DT>(rp, i, w, n, kb);
+#pragma unroll
+                    for (int t = 0; t < MM_GEMV_ROWS; t++)
+                        if (t < T) acc[t] = fmaf(wv, ((const float *)(x + t * xs))[kb + i], acc[t]);
+                }
+            }
+        }
+        if (k0 < K) {
+            const uint4 raw = *(const uint4 *)(wr + mm_col_bytes<DT>(k0));
             const char *rp = (const char *)&raw;
 #pragma unroll
             for (int i = 0; i < V; i++) {
-                const float wv = cu_wval<DT>(rp, i);
+                const float wv = mm_chunk_val<DT>(rp, i, w, n, k0);
 #pragma unroll
                 for (int t = 0; t < MM_GEMV_ROWS; t++)
                     if (t < T) acc[t] = fmaf(wv, ((const float *)(x + t * xs))[k0 + i], acc[t]);
@@ -58,7 +100,7 @@ __device__ __forceinline__ void mm_row_dot(const char *__restrict__ wr, const ch
         }
     } else {
         for (int64_t k = lane; k < K; k += 32) {
-            const float wv = cu_wval<DT>(wr, k);
+            const float wv = cu_wget<DT>(w, n, k);
 #pragma unroll
             for (int t = 0; t < MM_GEMV_ROWS; t++)
                 if (t < T) acc[t] = fmaf(wv, ((const float *)(x + t * xs))[k], acc[t]);
@@ -66,10 +108,9 @@ __device__ __forceinline__ void mm_row_dot(const char *__restrict__ wr, const ch
     }
 }
 
-/* y[t][n] = scale * dot(W[n], x[t]) for t < T (<= MM_GEMV_ROWS). */
+/* y[t][n] = w.scale * dot(W[n], x[t]) for t < T (<= MM_GEMV_ROWS). */
 template <int DT, bool VEC>
-__global__ void __launch_bounds__(256) k_gemv(const char *__restrict__ w, int64_t ws, float scale,
-                                              const char *__restrict__ x, int64_t xs,
+__global__ void __launch_bounds__(256) k_gemv(cu_wexp w, const char *__restrict__ x, int64_t xs,
                                               char *__restrict__ y, int64_t ys, int T, int64_t K,
                                               int64_t N) {
     const int lane = threadIdx.x & 31;
@@ -78,19 +119,30 @@ __global__ void __launch_bounds__(256) k_gemv(const char *__restrict__ w, int64_
     float acc[MM_GEMV_ROWS];
 #pragma unroll
     for (int t = 0; t < MM_GEMV_ROWS; t++) acc[t] = 0.0f;
-    mm_row_dot<DT, VEC>(w + n * ws, x, xs, T, K, lane, acc);
+    mm_row_dot<DT, VEC>(w, n, x, xs, T, K, lane, acc);
 #pragma unroll
     for (int t = 0; t < MM_GEMV_ROWS; t++) {
         if (t >= T) break;
         const float s = cu_warp_sum(acc[t]);
-        if (lane == 0) ((float *)(y + t * ys))[n] = s * scale;
+        if (lane == 0) ((float *)(y + t * ys))[n] = s * w.scale;
     }
 }
 
 /* Whether a weight's rows can be read 16 bytes at a time. */
 static bool mm_can_vec(cn_dtype dt, const void *data, int64_t stride, int64_t K) {
-    const int v = dt == CN_F32 ? 4 : dt == CN_F8_E4M3 ? 16 : 8;
+    const int v = dt == CN_F32 ? 4 : dt == CN_NVFP4 ? 32 : (dt == CN_F8_E4M3 || dt == CN_MXFP8) ? 16 : 8;
     return K % v == 0 && ((uintptr_t)data & 15u) == 0 && stride % 16 == 0;
+}
+
+/* The kernels' view of a weight tensor (block scales on the device, cu_weight). */
+static cu_wexp mm_wexp(const cn_tensor *w) {
+    cu_wexp e;
+    e.data = (const char *)w->data;
+    e.stride = w->stride[0];
+    e.scale = cu_wscale(w);
+    e.bs = w->block_scale ? (const unsigned char *)w->block_scale->data : NULL;
+    e.bs_stride = w->block_scale ? w->block_scale->stride[0] : 0;
+    return e;
 }
 
 /* ---------------------------------------------------------------- tiled SIMT GEMM */
@@ -163,8 +215,7 @@ __global__ void __launch_bounds__(MM_THREADS) k_mm_tiled(mm_args a) {
         for (int idx = tid; idx < MM_TN * MM_TK; idx += MM_THREADS) {
             const int n = idx / MM_TK, kk = idx % MM_TK;
             const int64_t k = k0 + kk;
-            ws_[kk][n] = (n0 + n < a.N && k < a.K) ? cu_wval<DT>(w.data + (n0 + n) * w.stride, k)
-                                                   : 0.0f;
+            ws_[kk][n] = (n0 + n < a.N && k < a.K) ? cu_wget<DT>(w, n0 + n, k) : 0.0f;
         }
         __syncthreads();
 #pragma unroll
@@ -250,20 +301,18 @@ int cu_matmul(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor *
     cu_ctx *c = cu_ctx_of(b);
     const int64_t T = x->shape[0], K = x->shape[1], N = w->shape[0];
     if (T == 0 || N == 0) return CN_OK;
-    const float scale = w->dtype == CN_F8_E4M3 ? w->scale : 1.0f;
     const int big = K <= INT32_MAX && N <= INT32_MAX && T <= INT32_MAX;
     if (T <= MM_GEMV_ROWS) {
         const unsigned blocks = (unsigned)((N + 7) / 8);
+        const cu_wexp we = mm_wexp(w);
         if (mm_can_vec(w->dtype, w->data, w->stride[0], K)) {
-            CU_DISPATCH_W(w->dtype, (k_gemv<DT, true><<<blocks, 256, 0, c->stream>>>(
-                                        (const char *)w->data, w->stride[0], scale,
-                                        (const char *)x->data, x->stride[0], (char *)y->data,
-                                        y->stride[0], (int)T, K, N)));
+            CU_DISPATCH_WQ(w->dtype, (k_gemv<DT, true><<<blocks, 256, 0, c->stream>>>(
+                                         we, (const char *)x->data, x->stride[0], (char *)y->data,
+                                         y->stride[0], (int)T, K, N)));
         } else {
-            CU_DISPATCH_W(w->dtype, (k_gemv<DT, false><<<blocks, 256, 0, c->stream>>>(
-                                        (const char *)w->data, w->stride[0], scale,
-                                        (const char *)x->data, x->stride[0], (char *)y->data,
-                                        y->stride[0], (int)T, K, N)));
+            CU_DISPATCH_WQ(w->dtype, (k_gemv<DT, false><<<blocks, 256, 0, c->stream>>>(
+                                         we, (const char *)x->data, x->stride[0], (char *)y->data,
+                                         y->stride[0], (int)T, K, N)));
         }
         return cu_launch_check("matmul (gemv)");
     }
@@ -285,12 +334,10 @@ int cu_matmul(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor *
     a.K = K;
     a.N = N;
     a.rows = T;
-    a.dense.data = (const char *)w->data;
-    a.dense.stride = w->stride[0];
-    a.dense.scale = scale;
+    a.dense = mm_wexp(w);
     const int tm = T <= 16 ? 16 : 64;
     const unsigned tiles = (unsigned)((T + tm - 1) / tm);
-    CU_DISPATCH_W(w->dtype, return launch_tiled<DT>(c, a, tm, tiles));
+    CU_DISPATCH_WQ(w->dtype, return launch_tiled<DT>(c, a, tm, tiles));
     return CN_OK;
 }
 
@@ -372,8 +419,7 @@ __global__ void __launch_bounds__(256) k_gather_gemv(const cu_wexp *__restrict__
     float acc[MM_GEMV_ROWS];
 #pragma unroll
     for (int t = 0; t < MM_GEMV_ROWS; t++) acc[t] = 0.0f;
-    mm_row_dot<DT, VEC>(w.data + n * w.stride, x + (int64_t)(x_per_token ? r / k : r) * xs, xs, 1,
-                        K, lane, acc);
+    mm_row_dot<DT, VEC>(w, n, x + (int64_t)(x_per_token ? r / k : r) * xs, xs, 1, K, lane, acc);
     const float s = cu_warp_sum(acc[0]);
     if (lane == 0) ((float *)(y + (int64_t)r * ys))[n] = s * w.scale;
 }
@@ -409,9 +455,7 @@ static const cu_wexp *expert_table(cu_ctx *c, const cn_tensor *const *w, int n_w
         return NULL;
     }
     for (int e = 0; e < n_w; e++) {
-        host[e].data = (const char *)w[e]->data;
-        host[e].stride = w[e]->stride[0];
-        host[e].scale = w[e]->dtype == CN_F8_E4M3 ? w[e]->scale : 1.0f;
+        host[e] = mm_wexp(w[e]);
         ptrs[e] = w[e]->data;
     }
     *rc = cu_check(cudaMalloc(&dev, (size_t)n_w * sizeof *host), "expert table");
@@ -451,12 +495,12 @@ int cu_matmul_gather(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, int
         if ((rc = cu_flag_reset(c))) return rc;
         const dim3 grid((unsigned)((N + 7) / 8), (unsigned)rows);
         if (vec) {
-            CU_DISPATCH_W(dt, (k_gather_gemv<DT, true><<<grid, 256, 0, c->stream>>>(
+            CU_DISPATCH_WQ(dt, (k_gather_gemv<DT, true><<<grid, 256, 0, c->stream>>>(
                                   table, n_w, (const char *)ids->data, ids->stride[0], (int)k,
                                   (const char *)x->data, x->stride[0], x->shape[0] == T,
                                   (char *)y->data, y->stride[0], K, N, (int)rows, c->flag_dev)));
         } else {
-            CU_DISPATCH_W(dt, (k_gather_gemv<DT, false><<<grid, 256, 0, c->stream>>>(
+            CU_DISPATCH_WQ(dt, (k_gather_gemv<DT, false><<<grid, 256, 0, c->stream>>>(
                                   table, n_w, (const char *)ids->data, ids->stride[0], (int)k,
                                   (const char *)x->data, x->stride[0], x->shape[0] == T,
                                   (char *)y->data, y->stride[0], K, N, (int)rows, c->flag_dev)));
@@ -494,7 +538,7 @@ int cu_matmul_gather(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, int
     a.order = order;
     a.k = (int)k;
     a.x_per_token = x->shape[0] == T;
-    CU_DISPATCH_W(dt, rc = launch_tiled<DT>(c, a, tm, (unsigned)max_tiles));
+    CU_DISPATCH_WQ(dt, rc = launch_tiled<DT>(c, a, tm, (unsigned)max_tiles));
     if (rc) return rc;
     int flag = 0;
     if ((rc = cu_flag_read(c, &flag))) return rc;

@@ -47,17 +47,20 @@ typedef struct cu_wtab {
     void *dev;                   /* cu_wexp[n_w] on the device */
 } cu_wtab;
 
-/* One expert as the gather kernels see it. */
+/* One weight matrix (an expert, or a dense weight) as the GEMM kernels see it. */
 typedef struct cu_wexp {
     const char *data;
-    int64_t stride; /* bytes per row */
-    float scale;
+    int64_t stride;          /* bytes per row */
+    float scale;             /* applied to each output: F8 per tensor, NVFP4 global; else 1 */
+    const unsigned char *bs; /* NVFP4 (E4M3 per 16) / MXFP8 (E8M0 per 32) block scales, or NULL */
+    int64_t bs_stride;       /* bytes per row of bs */
 } cu_wexp;
 
 /* The executable graph last instantiated for one step key (invariant 5). */
 typedef struct cu_graph {
     int key;
     cudaGraphExec_t exec; /* NULL when the slot is free */
+    size_t n_nodes;       /* of the graph it was instantiated from: another count, no update */
     uint64_t last_use;    /* step counter, to reuse the least recently used slot */
 } cu_graph;
 
@@ -122,22 +125,53 @@ static inline unsigned cu_blocks(int64_t n, int per) {
 
 /* ---- device helpers ---- */
 
-/* One weight value of dtype DT as f32 (not scaled). DT is a cn_dtype. */
+/* e4m3fn: sign, 4 exponent bits (bias 7), 3 mantissa bits; 0x7f/0xff NaN. */
+__device__ __forceinline__ float cu_e4m3(unsigned v) {
+    unsigned e = (v >> 3) & 0xfu, m = v & 0x7u;
+    float r;
+    if (e == 0xf && m == 0x7) r = __int_as_float(0x7fc00000);
+    else if (e == 0) r = (float)m * 0.001953125f; /* m * 2^-9 */
+    else r = __int_as_float((int)(((e + 120u) << 23) | (m << 20)));
+    return (v & 0x80u) ? -r : r;
+}
+
+/* One weight value of dtype DT as f32 (not scaled). DT is a cn_dtype without block scales. */
 template <int DT>
 __device__ __forceinline__ float cu_wval(const char *row, int64_t k) {
     if (DT == CN_BF16) return __bfloat162float(((const __nv_bfloat16 *)row)[k]);
     if (DT == CN_F16) return __half2float(((const __half *)row)[k]);
-    if (DT == CN_F8_E4M3) {
-        /* e4m3fn: sign, 4 exponent bits (bias 7), 3 mantissa bits; 0x7f/0xff NaN */
-        unsigned v = ((const unsigned char *)row)[k];
-        unsigned e = (v >> 3) & 0xfu, m = v & 0x7u;
-        float r;
-        if (e == 0xf && m == 0x7) r = __int_as_float(0x7fc00000);
-        else if (e == 0) r = (float)m * 0.001953125f; /* m * 2^-9 */
-        else r = __int_as_float((int)(((e + 120u) << 23) | (m << 20)));
-        return (v & 0x80u) ? -r : r;
-    }
+    if (DT == CN_F8_E4M3) return cu_e4m3(((const unsigned char *)row)[k]);
     return ((const float *)row)[k];
+}
+
+__device__ __forceinline__ float cu_e2m1(unsigned nib) {
+    const float m = (nib & 4u) ? ((nib & 2u) ? ((nib & 1u) ? 6.0f : 4.0f) : ((nib & 1u) ? 3.0f : 2.0f))
+                               : (float)(nib & 3u) * 0.5f;
+    return (nib & 8u) ? -m : m;
+}
+
+__device__ __forceinline__ float cu_e8m0(unsigned v) {
+    /* 2^(v - 127): v << 23 is that float for v >= 1; v = 0 is the subnormal 2^-127 */
+    return v == 0xffu ? __int_as_float(0x7fc00000)
+                      : __int_as_float(v ? (int)(v << 23) : 0x00400000);
+}
+
+/* Weight (n, k) of w with its block scale applied, not w.scale (applied once per output). */
+template <int DT>
+__device__ __forceinline__ float cu_wget(const cu_wexp &w, int64_t n, int64_t k) {
+    const char *row = w.data + n * w.stride;
+    if (DT == CN_NVFP4) {
+        const unsigned p = ((const unsigned char *)row)[k >> 1];
+        return cu_e2m1((k & 1) ? p >> 4 : p & 15u) * cu_e4m3(w.bs[n * w.bs_stride + (k >> 4)]);
+    }
+    if (DT == CN_MXFP8)
+        return cu_wval<CN_F8_E4M3>(row, k) * cu_e8m0(w.bs[n * w.bs_stride + (k >> 5)]);
+    return cu_wval<DT>(row, k);
+}
+
+/* The per-output scale of a weight tensor (cu_wexp.scale). */
+static inline float cu_wscale(const cn_tensor *w) {
+    return w->dtype == CN_F8_E4M3 || w->dtype == CN_NVFP4 ? w->scale : 1.0f;
 }
 
 __device__ __forceinline__ float cu_warp_sum(float v) {
@@ -159,6 +193,18 @@ __device__ __forceinline__ float cu_warp_max(float v) {
     case CN_BF16: { constexpr int DT = CN_BF16; CALL; } break;      \
     case CN_F16: { constexpr int DT = CN_F16; CALL; } break;        \
     case CN_F8_E4M3: { constexpr int DT = CN_F8_E4M3; CALL; } break; \
+    default: return CN_EUNSUPPORTED;                                \
+    }
+
+/* CU_DISPATCH_W plus the block-scaled formats, for the GEMM paths (cu_wget). */
+#define CU_DISPATCH_WQ(dtype, CALL)                                 \
+    switch (dtype) {                                                \
+    case CN_F32: { constexpr int DT = CN_F32; CALL; } break;        \
+    case CN_BF16: { constexpr int DT = CN_BF16; CALL; } break;      \
+    case CN_F16: { constexpr int DT = CN_F16; CALL; } break;        \
+    case CN_F8_E4M3: { constexpr int DT = CN_F8_E4M3; CALL; } break; \
+    case CN_NVFP4: { constexpr int DT = CN_NVFP4; CALL; } break;    \
+    case CN_MXFP8: { constexpr int DT = CN_MXFP8; CALL; } break;    \
     default: return CN_EUNSUPPORTED;                                \
     }
 
