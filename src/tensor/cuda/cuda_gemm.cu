@@ -9,9 +9,7 @@
  *   F32 weights, larger T      cublasSgemm (fp32, no TF32)
  *   BF16 weights, T >= 32      cublasGemmEx on tensor cores, once per bf16 term of x split in
  *                              three (cuda_impl.h (4): as accurate as an fp32 GEMM)
- *   otherwise                  64x64 tiles: on bf16 tensor cores (x split in three terms, weights
- *                              decoded to bf16 exactly) for BF16, FP8, MXFP8 and NVFP4 weights,
- *                              fp32 FMA for F32/F16 and for tiles of 16 rows
+ *   otherwise                  a tiled SIMT kernel (64x64 tiles, fp32 FMA)
  * The gathered matmul, for at most MM_GATHER_GEMV_ROWS rows (a decode token's experts), runs the
  * GEMV with each row's expert looked up by its id; for more rows it sorts them by expert on the
  * device (counting sort, one block) into tiles of
@@ -22,8 +20,6 @@
  */
 #include <stdlib.h>
 #include <string.h>
-
-#include <mma.h>
 
 #include "tensor/cuda/cuda_impl.h"
 
@@ -249,114 +245,10 @@ __global__ void __launch_bounds__(MM_THREADS) k_mm_tiled(mm_args a) {
     }
 }
 
-/* ---------------------------------------------------------------- tensor-core tiles */
-
-/* The same tiles (64 rows of x by MM_TN weight rows) on bf16 tensor cores, for weights whose
- * values are exact in bf16 (BF16, FP8, MXFP8, NVFP4 without its global scale: at most 4 + 3
- * mantissa bits and a bf16 exponent): each k step decodes the weight tile to bf16 in shared
- * memory, splits the x tile in three bf16 terms (cuda_impl.h (4)) and accumulates the three
- * products in fp32 fragments. 4 warps, each 32 x 32 outputs (2 x 2 fragments of 16 x 16). */
-#define MW_K 32
-#define MW_LD (MW_K + 8)  /* bf16 row pitch of the A and B tiles: 80 bytes, fragment-aligned */
-#define MW_LDC (MM_TN + 4)
-
-template <int DT>
-__global__ void __launch_bounds__(128) k_mm_wmma(mm_args a) {
-    using namespace nvcuda;
-    __shared__ __align__(32) __nv_bfloat16 xs_[MM_SPLIT][64][MW_LD];
-    __shared__ __align__(32) __nv_bfloat16 ws_[MM_TN][MW_LD];
-    __shared__ __align__(32) float cs_[64][MW_LDC];
-    __shared__ int64_t xrow_[64], yrow_[64];
-    const int tid = threadIdx.x, wid = tid >> 5;
-    const int64_t n0 = (int64_t)blockIdx.x * MM_TN;
-    cu_wexp w;
-    int begin, end;
-    if (a.tiles) {
-        if ((int)blockIdx.y >= *a.n_tiles) return;
-        const cu_tile tl = a.tiles[blockIdx.y];
-        w = a.table[tl.expert];
-        begin = tl.begin;
-        end = tl.end;
-    } else {
-        w = a.dense;
-        begin = (int)blockIdx.y * 64;
-        end = (int)(begin + 64 < a.rows ? begin + 64 : a.rows);
-    }
-    const int nr = end - begin;
-    if (tid < 64) {
-        int64_t xr = -1, yr = -1;
-        if (tid < nr) {
-            if (a.order) {
-                const int r = a.order[begin + tid];
-                yr = r;
-                xr = a.x_per_token ? r / a.k : r;
-            } else {
-                xr = yr = begin + tid;
-            }
-        }
-        xrow_[tid] = xr;
-        yrow_[tid] = yr;
-    }
-    __syncthreads();
-    wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[2][2];
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++) wmma::fill_fragment(acc[i][j], 0.0f);
-    const int wr0 = (wid >> 1) * 32, wc0 = (wid & 1) * 32;
-    for (int64_t k0 = 0; k0 < a.K; k0 += MW_K) {
-        for (int idx = tid; idx < 64 * MW_K; idx += 128) {
-            const int i = idx / MW_K, kk = idx % MW_K;
-            const int64_t xr = xrow_[i], k = k0 + kk;
-            float v = (xr >= 0 && k < a.K) ? ((const float *)(a.x + xr * a.xs))[k] : 0.0f;
-#pragma unroll
-            for (int j = 0; j < MM_SPLIT; j++) {
-                const __nv_bfloat16 h = __float2bfloat16_rn(v);
-                xs_[j][i][kk] = h;
-                v -= __bfloat162float(h);
-            }
-            const int64_t n = n0 + i; /* MM_TN == 64 weight rows, same walk */
-            ws_[i][kk] = __float2bfloat16_rn((n < a.N && k < a.K) ? cu_wget<DT>(w, n, k) : 0.0f);
-        }
-        __syncthreads();
-#pragma unroll
-        for (int kk = 0; kk < MW_K; kk += 16) {
-            wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> bf[2];
-#pragma unroll
-            for (int j = 0; j < 2; j++) wmma::load_matrix_sync(bf[j], &ws_[wc0 + 16 * j][kk], MW_LD);
-#pragma unroll
-            for (int t = 0; t < MM_SPLIT; t++) {
-#pragma unroll
-                for (int i = 0; i < 2; i++) {
-                    wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> af;
-                    wmma::load_matrix_sync(af, &xs_[t][wr0 + 16 * i][kk], MW_LD);
-#pragma unroll
-                    for (int j = 0; j < 2; j++) wmma::mma_sync(acc[i][j], af, bf[j], acc[i][j]);
-                }
-            }
-        }
-        __syncthreads();
-    }
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-            wmma::store_matrix_sync(&cs_[wr0 + 16 * i][wc0 + 16 * j], acc[i][j], MW_LDC,
-                                    wmma::mem_row_major);
-    __syncthreads();
-    for (int idx = tid; idx < 64 * MM_TN; idx += 128) {
-        const int i = idx / MM_TN, j = idx % MM_TN;
-        const int64_t yr = yrow_[i], n = n0 + j;
-        if (yr >= 0 && n < a.N) ((float *)(a.y + yr * a.ys))[n] = cs_[i][j] * w.scale;
-    }
-}
-
 template <int DT>
 static int launch_tiled(cu_ctx *c, const mm_args &a, int tm, unsigned n_row_tiles) {
     dim3 grid((unsigned)((a.N + MM_TN - 1) / MM_TN), n_row_tiles);
-    const bool tc = DT == CN_BF16 || DT == CN_F8_E4M3 || DT == CN_NVFP4 || DT == CN_MXFP8;
     if (tm == 16) k_mm_tiled<DT, 16><<<grid, MM_THREADS, 0, c->stream>>>(a);
-    else if (tc) k_mm_wmma<DT><<<grid, 128, 0, c->stream>>>(a);
     else k_mm_tiled<DT, 64><<<grid, MM_THREADS, 0, c->stream>>>(a);
     return cu_launch_check("matmul (tiled)");
 }
