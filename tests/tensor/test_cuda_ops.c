@@ -527,7 +527,8 @@ typedef struct pq {
     void *host, *hs;
 } pq;
 
-static pq pq_make(cn_dtype dt, int64_t N, int64_t K) {
+/* Fills *out in place: out->g.block_scale points at out->gs, so a pq never moves once made. */
+static void pq_make(pq *out, cn_dtype dt, int64_t N, int64_t K) {
     pq q;
     const int64_t blk = dt == CN_NVFP4 ? 16 : 32;
     const size_t wbytes = (size_t)(dt == CN_NVFP4 ? N * K / 2 : N * K), sbytes = (size_t)(N * K / blk);
@@ -550,15 +551,15 @@ static pq pq_make(cn_dtype dt, int64_t N, int64_t K) {
             }
             q.deq[n * K + k] = v;
         }
-    q.gs = cn_tensor_2d(dt == CN_NVFP4 ? CN_F8_E4M3 : CN_U8, N, K / blk, sc);
-    assert_int_equal(cn_backend_weight(g_cu, &q.gs), 0);
-    q.g = cn_tensor_2d(dt, N, K, w);
-    q.g.scale = g;
-    q.g.block_scale = &q.gs;
-    assert_int_equal(cn_backend_weight(g_cu, &q.g), 0);
     q.host = w;
     q.hs = sc;
-    return q;
+    *out = q;
+    out->gs = cn_tensor_2d(dt == CN_NVFP4 ? CN_F8_E4M3 : CN_U8, N, K / blk, sc);
+    assert_int_equal(cn_backend_weight(g_cu, &out->gs), 0);
+    out->g = cn_tensor_2d(dt, N, K, w);
+    out->g.scale = g;
+    out->g.block_scale = &out->gs;
+    assert_int_equal(cn_backend_weight(g_cu, &out->g), 0);
 }
 
 static void pq_free(pq *q) {
@@ -596,7 +597,8 @@ static void test_block_scaled(void **st) {
             if (dts[d] == CN_MXFP8 && K % 32) continue;
             for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
                 const int64_t T = Ts[i], N = 70;
-                pq w = pq_make(dts[d], N, K);
+                pq w;
+                pq_make(&w, dts[d], N, K);
                 pv x = pv_make(T, K, 3, -1, 1), y = pv_make(T, N, 2, 0, 0);
                 assert_int_equal(cn_op_matmul(g_cu, &y.g, &w.g, &x.g), 0);
                 double e = pq_err(&w, &x, &y, NULL, 1);
@@ -619,7 +621,7 @@ static void test_block_scaled(void **st) {
             pq ws[NW];
             const cn_tensor *wg[NW];
             for (int e = 0; e < NW; e++) {
-                ws[e] = pq_make(dts[d], N, K);
+                pq_make(&ws[e], dts[d], N, K);
                 wg[e] = &ws[e].g;
             }
             int32_t ids[64];
