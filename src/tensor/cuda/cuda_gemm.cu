@@ -61,10 +61,9 @@ __device__ __forceinline__ int64_t mm_col_bytes(int64_t k) {
 /* acc[t] += dot(W row n, x[t]) over k for t < T, one warp: with VEC each lane loads 16 bytes of
  * the row at a time (rows 16-byte aligned, K a multiple of the vector), else one value. The lane
  * sums are not reduced here. */
-template <int DT, bool VEC>
+template <int DT, bool VEC, int R>
 __device__ __forceinline__ void mm_row_dot(const cu_wexp &w, int64_t n, const char *__restrict__ x,
-                                           int64_t xs, int T, int64_t K, int lane,
-                                           float acc[MM_GEMV_ROWS]) {
+                                           int64_t xs, int T, int64_t K, int lane, float acc[R]) {
     const char *wr = w.data + n * w.stride;
     if (VEC) {
         constexpr int V = mm_vec<DT>::n;
@@ -82,7 +81,7 @@ __device__ __forceinline__ void mm_row_dot(const cu_wexp &w, int64_t n, const ch
                 for (int i = 0; i < V; i++) {
                     const float wv = mm_chunk_val<DT>(rp, i, w, n, kb);
 #pragma unroll
-                    for (int t = 0; t < MM_GEMV_ROWS; t++)
+                    for (int t = 0; t < R; t++)
                         if (t < T) acc[t] = fmaf(wv, ((const float *)(x + t * xs))[kb + i], acc[t]);
                 }
             }
@@ -94,7 +93,7 @@ __device__ __forceinline__ void mm_row_dot(const cu_wexp &w, int64_t n, const ch
             for (int i = 0; i < V; i++) {
                 const float wv = mm_chunk_val<DT>(rp, i, w, n, k0);
 #pragma unroll
-                for (int t = 0; t < MM_GEMV_ROWS; t++)
+                for (int t = 0; t < R; t++)
                     if (t < T) acc[t] = fmaf(wv, ((const float *)(x + t * xs))[k0 + i], acc[t]);
             }
         }
@@ -102,30 +101,45 @@ __device__ __forceinline__ void mm_row_dot(const cu_wexp &w, int64_t n, const ch
         for (int64_t k = lane; k < K; k += 32) {
             const float wv = cu_wget<DT>(w, n, k);
 #pragma unroll
-            for (int t = 0; t < MM_GEMV_ROWS; t++)
+            for (int t = 0; t < R; t++)
                 if (t < T) acc[t] = fmaf(wv, ((const float *)(x + t * xs))[k], acc[t]);
         }
     }
 }
 
-/* y[t][n] = w.scale * dot(W[n], x[t]) for t < T (<= MM_GEMV_ROWS). */
-template <int DT, bool VEC>
+/* y[t][n] = w.scale * dot(W[n], x[t]) for t < T <= R: R is T rounded up to 1, 2, 4 or 8, so a
+ * decode row (T = 1) carries no predicated work for rows it does not have (the H200 profile of
+ * the R = 8 kernel at T = 1: the lm_head streamed at about a quarter of the memory bandwidth). */
+template <int DT, bool VEC, int R>
 __global__ void __launch_bounds__(256) k_gemv(cu_wexp w, const char *__restrict__ x, int64_t xs,
                                               char *__restrict__ y, int64_t ys, int T, int64_t K,
                                               int64_t N) {
     const int lane = threadIdx.x & 31;
     const int64_t n = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (n >= N) return;
-    float acc[MM_GEMV_ROWS];
+    float acc[R];
 #pragma unroll
-    for (int t = 0; t < MM_GEMV_ROWS; t++) acc[t] = 0.0f;
-    mm_row_dot<DT, VEC>(w, n, x, xs, T, K, lane, acc);
+    for (int t = 0; t < R; t++) acc[t] = 0.0f;
+    mm_row_dot<DT, VEC, R>(w, n, x, xs, T, K, lane, acc);
 #pragma unroll
-    for (int t = 0; t < MM_GEMV_ROWS; t++) {
+    for (int t = 0; t < R; t++) {
         if (t >= T) break;
         const float s = cu_warp_sum(acc[t]);
         if (lane == 0) ((float *)(y + t * ys))[n] = s * w.scale;
     }
+}
+
+template <int DT, bool VEC>
+static void launch_gemv(cu_ctx *c, const cu_wexp &we, const cn_tensor *x, cn_tensor *y, int T,
+                        int64_t K, int64_t N) {
+    const unsigned blocks = (unsigned)((N + 7) / 8);
+    const char *xd = (const char *)x->data;
+    char *yd = (char *)y->data;
+    const int64_t xs = x->stride[0], ys = y->stride[0];
+    if (T == 1) k_gemv<DT, VEC, 1><<<blocks, 256, 0, c->stream>>>(we, xd, xs, yd, ys, T, K, N);
+    else if (T == 2) k_gemv<DT, VEC, 2><<<blocks, 256, 0, c->stream>>>(we, xd, xs, yd, ys, T, K, N);
+    else if (T <= 4) k_gemv<DT, VEC, 4><<<blocks, 256, 0, c->stream>>>(we, xd, xs, yd, ys, T, K, N);
+    else k_gemv<DT, VEC, MM_GEMV_ROWS><<<blocks, 256, 0, c->stream>>>(we, xd, xs, yd, ys, T, K, N);
 }
 
 /* Whether a weight's rows can be read 16 bytes at a time. */
@@ -303,16 +317,11 @@ int cu_matmul(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor *
     if (T == 0 || N == 0) return CN_OK;
     const int big = K <= INT32_MAX && N <= INT32_MAX && T <= INT32_MAX;
     if (T <= MM_GEMV_ROWS) {
-        const unsigned blocks = (unsigned)((N + 7) / 8);
         const cu_wexp we = mm_wexp(w);
         if (mm_can_vec(w->dtype, w->data, w->stride[0], K)) {
-            CU_DISPATCH_WQ(w->dtype, (k_gemv<DT, true><<<blocks, 256, 0, c->stream>>>(
-                                         we, (const char *)x->data, x->stride[0], (char *)y->data,
-                                         y->stride[0], (int)T, K, N)));
+            CU_DISPATCH_WQ(w->dtype, (launch_gemv<DT, true>(c, we, x, y, (int)T, K, N)));
         } else {
-            CU_DISPATCH_WQ(w->dtype, (k_gemv<DT, false><<<blocks, 256, 0, c->stream>>>(
-                                         we, (const char *)x->data, x->stride[0], (char *)y->data,
-                                         y->stride[0], (int)T, K, N)));
+            CU_DISPATCH_WQ(w->dtype, (launch_gemv<DT, false>(c, we, x, y, (int)T, K, N)));
         }
         return cu_launch_check("matmul (gemv)");
     }
@@ -416,10 +425,8 @@ __global__ void __launch_bounds__(256) k_gather_gemv(const cu_wexp *__restrict__
     if (n >= N) return;
     const int e = ((const int32_t *)(ids + (int64_t)(r / k) * ids_s))[r % k];
     const cu_wexp w = table[e];
-    float acc[MM_GEMV_ROWS];
-#pragma unroll
-    for (int t = 0; t < MM_GEMV_ROWS; t++) acc[t] = 0.0f;
-    mm_row_dot<DT, VEC>(w, n, x + (int64_t)(x_per_token ? r / k : r) * xs, xs, 1, K, lane, acc);
+    float acc[1] = {0.0f};
+    mm_row_dot<DT, VEC, 1>(w, n, x + (int64_t)(x_per_token ? r / k : r) * xs, xs, 1, K, lane, acc);
     const float s = cu_warp_sum(acc[0]);
     if (lane == 0) ((float *)(y + (int64_t)r * ys))[n] = s * w.scale;
 }

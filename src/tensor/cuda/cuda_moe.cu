@@ -1,8 +1,9 @@
 /* cuda_moe.cu - the MoE router and the weighted combination of expert rows on the GPU.
  *
  * Promises: routing follows the CPU backend step for step (cpu_moe.c): sigmoid scores in parallel,
- * then one thread per token ranks by biased score, ties to the lower index, with the same group
- * limiting and renormalisation; only expf's last-bit differences between the two libraries can
+ * then one warp per token ranks by biased score (one thread with group limiting), ties to the
+ * lower index, with the same group limiting and renormalisation; the H200 profile showed the
+ * one-thread ranking at 58 us per token and layer; only expf's last-bit differences between the two libraries can
  * change a choice, on exact near-ties. combine sums the k rows in order j = 0..k-1 like the CPU.
  */
 #include <math.h>
@@ -48,10 +49,38 @@ __global__ void __launch_bounds__(ROUTE_THREADS) k_route(route_args a) {
         excluded[e] = 0;
     }
     __syncthreads();
-    if (threadIdx.x != 0) return;
     int32_t *id = (int32_t *)(a.ids + t * a.ids_s);
     float *wt = (float *)(a.wt + t * a.wt_s);
-    if (n_group > 1) {
+    if (n_group == 1) { /* warp 0 ranks: the largest biased score, ties to the lower index */
+        if (threadIdx.x >= 32) return;
+        const int lane = threadIdx.x;
+        for (int j = 0; j < a.K; j++) {
+            float bv = 0.0f;
+            int be = -1;
+            for (int e = lane; e < E; e += 32) /* ascending e: the first of equal scores stays */
+                if (!taken[e] && (be < 0 || sel[e] > bv)) {
+                    bv = sel[e];
+                    be = e;
+                }
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) {
+                const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+                const int oe = __shfl_xor_sync(0xffffffffu, be, o);
+                if (oe >= 0 && (be < 0 || ov > bv || (ov == bv && oe < be))) {
+                    bv = ov;
+                    be = oe;
+                }
+            }
+            if (lane == 0) {
+                taken[be] = 1;
+                id[j] = be;
+                wt[j] = s[be];
+            }
+            __syncwarp();
+        }
+        if (lane != 0) return;
+    } else {
+        if (threadIdx.x != 0) return;
         const int gs = E / n_group;
         for (int g = 0; g < n_group; g++) { /* sum of the group's top two */
             const float *v = sel + g * gs;
@@ -71,13 +100,13 @@ __global__ void __launch_bounds__(ROUTE_THREADS) k_route(route_args a) {
             gtaken[best] = 1;
         }
         for (int e = 0; e < E; e++) excluded[e] = !gtaken[e / gs];
-    }
-    for (int j = 0; j < a.K; j++) {
-        int e = best_expert(sel, taken, excluded, E, 0);
-        if (e < 0) e = best_expert(sel, taken, excluded, E, 1);
-        taken[e] = 1;
-        id[j] = e;
-        wt[j] = s[e];
+        for (int j = 0; j < a.K; j++) {
+            int e = best_expert(sel, taken, excluded, E, 0);
+            if (e < 0) e = best_expert(sel, taken, excluded, E, 1);
+            taken[e] = 1;
+            id[j] = e;
+            wt[j] = s[e];
+        }
     }
     if (a.norm_topk) {
         float sum = 0;
