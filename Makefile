@@ -1,9 +1,9 @@
 # Thin wrapper over CMake: `make` builds build/cairn, `make test` runs every test plainly and
 # under AddressSanitizer + UndefinedBehaviorSanitizer (never the GPU tests), `make test-cuda` builds
 # build-cuda with the CUDA backend and runs the GPU tests on a machine that has one,
-# `make run` serves the default model.
+# `make run` serves the default model (models/pebble, committed; MODEL=DIR for another).
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
-MODEL ?= models/tiny
+MODEL ?= models/pebble
 
 .PHONY: all build asan cuda test test-plain test-asan test-cuda run clean
 
@@ -43,10 +43,11 @@ test-cuda: cuda
 	cd build-cuda && CAIRN_BACKEND=cuda CAIRN_CUDA_GRAPHS=0 ctest --output-on-failure -j 1 \
 	  -R '^(tensor/test_cuda_ops|model/test_forward)$$'
 
-$(MODEL)/config.json: | build
-	./build/cairn make-model --preset tiny --out $(MODEL)
+# models/tiny is not committed: a synthetic one is made when asked for (make run MODEL=models/tiny).
+models/tiny/config.json: | build
+	./build/cairn make-model --preset tiny --out models/tiny
 
-run: build $(MODEL)/config.json
+run: build $(if $(filter models/tiny,$(MODEL)),models/tiny/config.json)
 	./build/cairn serve --model $(MODEL)
 
 clean:

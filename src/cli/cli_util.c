@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -208,4 +209,38 @@ int cn_cli_open_model(const char *dir, const char *backend, int threads, int uba
 void cn_cli_close_model(cn_backend *b, cn_model *m) {
     cn_model_close(m);
     cn_backend_free(b);
+}
+
+static int has_config(const char *dir) {
+    char p[4096];
+    struct stat sb;
+    if (snprintf(p, sizeof p, "%s/config.json", dir) >= (int)sizeof p) return 0;
+    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+int cn_cli_default_model(char *buf, size_t n) {
+    const char *env = getenv("CAIRN_MODEL");
+    if (env && *env) {
+        snprintf(buf, n, "%s", env);
+        return 0;
+    }
+    snprintf(buf, n, "%s", CN_CLI_DEFAULT_MODEL);
+    if (has_config(buf)) return 0;
+    char exe[4096];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (len > 0) {
+        exe[len] = '\0';
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = '\0'; /* the binary's folder, e.g. <repo>/build */
+            char cand[4096 + 32];
+            snprintf(cand, sizeof cand, "%s/../%s", exe, CN_CLI_DEFAULT_MODEL);
+            if (has_config(cand) && strlen(cand) < n) {
+                snprintf(buf, n, "%s", cand);
+                return 0;
+            }
+        }
+    }
+    snprintf(buf, n, "%s", CN_CLI_DEFAULT_MODEL);
+    return CN_ENOENT;
 }

@@ -49,4 +49,14 @@ int cn_cli_open_model_progress(const char *dir, const char *backend, int threads
                                cn_cli_progress *p, cn_backend **b, cn_model **m);
 void cn_cli_close_model(cn_backend *b, cn_model *m);
 
+/* The model `run` and `serve` open when --model is not given, into buf[0..n):
+ *   1. $CAIRN_MODEL, when set and non-empty (used as it is, even if missing: the open names it);
+ *   2. models/pebble under the current directory, when it holds a config.json;
+ *   3. models/pebble beside the folder of the running binary (build/cairn -> ../models/pebble),
+ *      so the repository's own binary finds it from any directory.
+ * Returns 0 with buf set, or CN_ENOENT with buf holding "models/pebble" and nothing found: the
+ * caller says where it looked. */
+#define CN_CLI_DEFAULT_MODEL "models/pebble"
+int cn_cli_default_model(char *buf, size_t n);
+
 #endif

@@ -26,6 +26,9 @@
 #include "cli/flags.h"
 #include "engine/engine.h"
 #include "model/synth.h"
+#include "text/chat.h"
+#include "text/render.h"
+#include "text/text.h"
 
 /* Removes the files of a folder this command made, then the folder. */
 static void remove_dir(const char *dir) {
@@ -86,6 +89,60 @@ static int one(cn_engine *e, const int32_t *prompt, int n, int gen, run_stats *s
     return CN_OK;
 }
 
+/* The prompts of --chat: every non-empty line of path, rendered and tokenized. Returns 0, or 1
+ * with the message printed (the line number and what is wrong with it). */
+static int load_chats(const char *path, const cn_text *t, int32_t ***ids, int **lens, int *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "cairn: --chat %s: cannot open\n", path);
+        return 1;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int lineno = 0, rc = 0;
+    *ids = NULL, *lens = NULL, *n = 0;
+    while (!rc && (len = getline(&line, &cap, f)) >= 0) {
+        lineno++;
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r' || line[len - 1] == ' ')) line[--len] = 0;
+        if (!len) continue;
+        cn_chat chat;
+        cn_err err;
+        cn_err_clear(&err);
+        char *prompt = NULL;
+        size_t plen = 0;
+        int32_t *p = NULL;
+        int np = 0;
+        if (cn_chat_parse(&chat, line, (size_t)len, &err) || cn_render(cn_text_renderer(t), &chat, &prompt, &plen, &err) ||
+            cn_text_encode(t, prompt, plen, &p, &np, &err)) {
+            fprintf(stderr, "cairn: --chat %s:%d: %s\n", path, lineno, err.msg);
+            rc = 1;
+        } else {
+            int32_t **ni = realloc(*ids, (size_t)(*n + 1) * sizeof *ni);
+            int *nl = ni ? realloc(*lens, (size_t)(*n + 1) * sizeof *nl) : NULL;
+            if (ni) *ids = ni;
+            if (nl) *lens = nl;
+            if (!ni || !nl) {
+                fprintf(stderr, "cairn: out of memory\n");
+                free(p);
+                rc = 1;
+            } else {
+                (*ids)[*n] = p;
+                (*lens)[(*n)++] = np;
+            }
+        }
+        free(prompt);
+        cn_chat_free(&chat);
+    }
+    free(line);
+    fclose(f);
+    if (!rc && !*n) {
+        fprintf(stderr, "cairn: --chat %s: no requests\n", path);
+        rc = 1;
+    }
+    return rc;
+}
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -98,7 +155,7 @@ static double median(run_stats *st) {
 }
 
 int cn_bench_speculate(int argc, char **argv) {
-    const char *model = NULL;
+    const char *model = NULL, *chat_file = NULL;
     int json = 0, threads = 0, prompt_len = 64, gen = 256, depth = 4, reps = 7;
     uint64_t seed = 1;
     cn_flag flags[] = {
@@ -109,11 +166,12 @@ int cn_bench_speculate(int argc, char **argv) {
         {"depth", CN_FLAG_INT, &depth, "D", "drafts per round of the forced run (default 4)", 0, 0},
         {"reps", CN_FLAG_INT, &reps, "N", "requests per engine, median rate reported (default 7)", 0, 0},
         {"seed", CN_FLAG_U64, &seed, "S", "prompt seed (default 1)", 0, 0},
+        {"chat", CN_FLAG_STR, &chat_file, "FILE", "prompts: chat requests, one JSON object per line (default: random ids)", 0, 0},
         {"threads", CN_FLAG_INT, &threads, "N", "CPU threads (default: all cores)", 0, 0},
         {"json", CN_FLAG_BOOL, &json, NULL, "print one JSON object", 0, 0},
         {NULL, 0, NULL, NULL, NULL, 0, 0},
     };
-    int rc = cn_flags_parse(flags, argc, argv, "bench --speculate [--model DIR] [--depth D] [--json]");
+    int rc = cn_flags_parse(flags, argc, argv, "bench --speculate [--model DIR] [--chat FILE] [--depth D] [--json]");
     if (rc) return rc > 0 ? 0 : 2;
     if (prompt_len < 1 || gen < 2 || reps < 1 || reps > MAX_REPS || depth < 1 || depth > CN_SPEC_MAX_DEPTH) {
         fprintf(stderr, "cairn: --prompt >= 1, --tokens >= 2, --reps in 1..%d, --depth in 1..%d\n", MAX_REPS,
@@ -143,7 +201,9 @@ int cn_bench_speculate(int argc, char **argv) {
     cn_model *m = NULL;
     int status = 1;
     cn_engine *eng[3] = {NULL, NULL, NULL};
-    int32_t *prompt = NULL, *outs = NULL;
+    int32_t *prompt = NULL, *outs = NULL, **chats = NULL;
+    int *chat_len = NULL, n_chats = 0;
+    cn_text *text = NULL;
     if (cn_cli_open_model(model, NULL, threads, 0, &b, &m)) goto done;
     if (!cn_model_has_mtp(m)) {
         fprintf(stderr, "cairn: %s has no MTP head: nothing to speculate with\n", model);
@@ -152,6 +212,16 @@ int cn_bench_speculate(int argc, char **argv) {
     const cn_config *c = cn_model_config(m);
     cn_err err;
     cn_err_clear(&err);
+    if (chat_file) {
+        if (cn_text_open(&text, model, c->model_type, &err)) {
+            fprintf(stderr, "cairn: %s\n", err.msg);
+            goto done;
+        }
+        if (load_chats(chat_file, text, &chats, &chat_len, &n_chats)) goto done;
+        prompt_len = 0;
+        for (int i = 0; i < n_chats; i++)
+            if (chat_len[i] > prompt_len) prompt_len = chat_len[i];
+    }
     /* plain, default (controller), forced depth; cold caches so that every request decodes alike */
     for (int k = 0; k < 3; k++) {
         cn_engine_opts o = {.ctx = prompt_len + gen + 8, .no_cache = 1, .no_speculate = k == 0,
@@ -173,17 +243,24 @@ int cn_bench_speculate(int argc, char **argv) {
     int identical = 1;
     uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
     for (int rep = 0; rep < reps; rep++) {
-        for (int i = 0; i < prompt_len; i++) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            prompt[i] = (int32_t)(20 + x % (uint64_t)(c->vocab_size - 20));
+        const int32_t *pr = prompt;
+        int pn = prompt_len;
+        if (n_chats) {
+            pr = chats[rep % n_chats];
+            pn = chat_len[rep % n_chats];
+        } else {
+            for (int i = 0; i < prompt_len; i++) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                prompt[i] = (int32_t)(20 + x % (uint64_t)(c->vocab_size - 20));
+            }
         }
         int n_out[3];
         /* the order rotates: whichever runs second in a row tends to run faster (warm caches) */
         for (int i = 0; i < 3; i++) {
             int k = (rep + i) % 3;
-            if (one(eng[k], prompt, prompt_len, gen, &st[k], outs + (size_t)k * gen, &n_out[k])) goto done;
+            if (one(eng[k], pr, pn, gen, &st[k], outs + (size_t)k * gen, &n_out[k])) goto done;
         }
         for (int k = 1; k < 3; k++)
             if (n_out[k] != n_out[0] || memcmp(outs, outs + (size_t)k * gen, (size_t)n_out[0] * sizeof *outs))
@@ -197,7 +274,12 @@ int cn_bench_speculate(int argc, char **argv) {
      * steadier figure (same tokens in every run, so the ratio of times is the ratio of rates) */
     double cpu_speedup = st[1].cpu_s > 0 ? st[0].cpu_s / st[1].cpu_s : 0;
     if (json) {
-        printf("{\"model\":\"%s\",\"prompt_tokens\":%d,\"tokens\":%d,\"reps\":%d,\"depth\":%d,", made ? "tiny (made now)" : model,
+        if (chat_file) {
+            printf("{\"chat\":\"%s\",", chat_file);
+        } else {
+            printf("{");
+        }
+        printf("\"model\":\"%s\",\"prompt_tokens\":%d,\"tokens\":%d,\"reps\":%d,\"depth\":%d,", made ? "tiny (made now)" : model,
                prompt_len, gen, reps, depth);
         printf("\"plain_tok_s\":%.2f,\"speculative_tok_s\":%.2f,\"forced_tok_s\":%.2f,", plain, dflt, forced);
         printf("\"draft_acceptance\":%.4f,\"acceptance_per_position\":[", acc);
@@ -211,7 +293,11 @@ int cn_bench_speculate(int argc, char **argv) {
                st[1].rounds, speedup, fspeedup, cpu_speedup, identical ? "true" : "false");
     } else {
         printf("model        %s (vocab %d, hidden %d)\n", made ? "tiny, made now" : model, c->vocab_size, c->hidden_size);
-        printf("requests     %d x (%d prompt + %d generated tokens), greedy, cold cache\n", reps, prompt_len, gen);
+        if (chat_file)
+            printf("requests     %d x (chat prompts of %s, at most %d tokens + up to %d generated), greedy, cold cache\n",
+                   reps, chat_file, prompt_len, gen);
+        else
+            printf("requests     %d x (%d prompt + %d generated tokens), greedy, cold cache\n", reps, prompt_len, gen);
         printf("plain        %10.1f tokens/s\n", plain);
         printf("speculative  %10.1f tokens/s  (controller: %ld verify rounds)  speedup %.3f\n", dflt, st[1].rounds,
                speedup);
@@ -228,6 +314,10 @@ done:
     for (int k = 0; k < 3; k++) cn_engine_close(eng[k]);
     free(prompt);
     free(outs);
+    for (int i = 0; i < n_chats; i++) free(chats[i]);
+    free(chats);
+    free(chat_len);
+    cn_text_close(text);
     if (m) cn_cli_close_model(b, m);
     if (made) remove_dir(tmp);
     return status;

@@ -41,7 +41,6 @@
 #include "text/strbuf.h"
 #include "text/text.h"
 
-#define DEFAULT_MODEL "models/tiny" /* the Makefile's MODEL */
 
 /* Set by the SIGINT handler: cancels the running answer, or ends the chat at the prompt. */
 static volatile sig_atomic_t g_interrupted;
@@ -564,7 +563,7 @@ int cn_cmd_run(int argc, char **argv) {
     cn_sampler_params_default(&o.sampling);
     cn_engine_opts eo = {.cache = {.pre_end = 4}};
     cn_flag flags[] = {
-        {"model", CN_FLAG_STR, &model, "DIR", "model directory (default: " DEFAULT_MODEL ")", 0, 0},
+        {"model", CN_FLAG_STR, &model, "DIR", "model directory (default: $CAIRN_MODEL, else " CN_CLI_DEFAULT_MODEL ")", 0, 0},
         {"system", CN_FLAG_STR, &o.system, "TEXT", "system message", 0, 0},
         {"no-think", CN_FLAG_BOOL, &no_think, NULL, "answer without reasoning (/think turns it back on)", 0, 0},
         {"max-tokens", CN_FLAG_INT, &o.max_tokens, "N", "tokens per answer (default: until the model stops)", 0, 0},
@@ -603,15 +602,14 @@ int cn_cmd_run(int argc, char **argv) {
         fprintf(stderr, "cairn: --cache-disk needs --cache-dir\n");
         return 2;
     }
-    struct stat sb;
+    char model_buf[4096];
     if (!model) {
-        if (stat(DEFAULT_MODEL "/config.json", &sb) != 0) {
-            fprintf(stderr, "cairn: no model: pass --model DIR (the default, " DEFAULT_MODEL
-                            ", does not exist here; `make run` or `cairn make-model --preset tiny "
-                            "--out " DEFAULT_MODEL "` creates it)\n");
+        if (cn_cli_default_model(model_buf, sizeof model_buf)) {
+            fprintf(stderr, "cairn: no model: pass --model DIR or set CAIRN_MODEL (the default, "
+                            CN_CLI_DEFAULT_MODEL ", is neither here nor beside the cairn binary)\n");
             return 2;
         }
-        model = DEFAULT_MODEL;
+        model = model_buf;
     }
     if (no_think) o.think = 0;
     if (eo.ctx == 0) eo.ctx = 4096;

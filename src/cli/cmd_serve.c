@@ -82,7 +82,7 @@ int cn_cmd_serve(int argc, char **argv) {
     uint64_t max_body = 32u << 20;
     cn_engine_opts eo = {.cache = {.pre_end = 4}};
     cn_flag flags[] = {
-        {"model", CN_FLAG_STR, &model, "DIR", "model directory", 1, 0},
+        {"model", CN_FLAG_STR, &model, "DIR", "model directory (default: $CAIRN_MODEL, else " CN_CLI_DEFAULT_MODEL ")", 0, 0},
         {"name", CN_FLAG_STR, &name, "NAME", "served model name (default: the directory's basename)", 0, 0},
         {"host", CN_FLAG_STR, &host, "ADDR", "listen address (default 127.0.0.1, or CAIRN_HOST)", 0, 0},
         {"port", CN_FLAG_INT, &port, "N", "listen port (default 11435; 0 picks a free one)", 0, 0},
@@ -106,7 +106,7 @@ int cn_cmd_serve(int argc, char **argv) {
         {"json", CN_FLAG_BOOL, &json, NULL, "print one JSON line on stdout when ready (host, port, model)", 0, 0},
         {NULL, 0, NULL, NULL, NULL, 0, 0},
     };
-    const char *syn = "serve --model DIR [--name NAME] [--host 127.0.0.1] [--port 11435] [--ctx N] "
+    const char *syn = "serve [--model DIR] [--name NAME] [--host 127.0.0.1] [--port 11435] [--ctx N] "
                       "[--cache-ram SIZE] [--cache-dir DIR] [--api-key KEY] [--max-queue N] "
                       "[--finish-cancelled SECONDS] [--quiet] [--json]";
     int rc = cn_flags_parse(flags, argc, argv, syn);
@@ -136,6 +136,15 @@ int cn_cmd_serve(int argc, char **argv) {
     }
     if (!host) host = "127.0.0.1";
     if (eo.ctx == 0) eo.ctx = 4096;
+    char model_buf[4096];
+    if (!model) {
+        if (cn_cli_default_model(model_buf, sizeof model_buf)) {
+            fprintf(stderr, "cairn: no model: pass --model DIR or set CAIRN_MODEL (the default, "
+                            CN_CLI_DEFAULT_MODEL ", is neither here nor beside the cairn binary)\n");
+            return 2;
+        }
+        model = model_buf;
+    }
     char name_buf[256];
     if (!name) {
         base_name(model, name_buf, sizeof name_buf);

@@ -249,6 +249,27 @@ static void test_generate_speculate(void **st) {
     assert_int_equal(run(&o, "%s bench speculate --model %s/nh-mix-f32", bin(), tu_data_dir()), 1);
     assert_non_null(strstr(o, "no MTP head"));
     free(o);
+    /* --chat: prompts from chat requests, rendered by the model's template (the trained model,
+     * whose head drafts its own text almost always right at depth 1) */
+    assert_int_equal(run(&o, "%s bench --speculate --model %s/../../models/pebble --chat "
+                         "%s/../../tools/train/bench_chats.jsonl --depth 1 --reps 2 --json 2>/dev/null",
+                         bin(), tu_data_dir(), tu_data_dir()), 0);
+    j = cJSON_Parse(o);
+    assert_non_null(j);
+    assert_non_null(cJSON_GetObjectItem(j, "chat"));
+    assert_true(cJSON_GetObjectItem(j, "draft_acceptance")->valuedouble > 0.6);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "identical")));
+    cJSON_Delete(j);
+    free(o);
+    char bad[600];
+    snprintf(bad, sizeof bad, "%s/bad_chats.jsonl", g_tmp);
+    FILE *f = fopen(bad, "w");
+    assert_non_null(f);
+    fputs("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n\n{\"messages\": 3}\n", f);
+    fclose(f);
+    assert_int_equal(run(&o, "%s bench --speculate --model %s/../../models/pebble --chat %s", bin(), tu_data_dir(), bad), 1);
+    assert_non_null(strstr(o, "bad_chats.jsonl:3"));
+    free(o);
     free(ids);
     free(greedy);
 }

@@ -87,10 +87,24 @@ static void test_usage(void **st) {
     free(e);
     assert_int_equal(run(NULL, NULL, &e, "%s run --model %s one two", bin(), g_model), 2);
     free(e);
-    /* no --model and no models/tiny where it runs: the message says what to pass */
-    assert_int_equal(run(NULL, NULL, &e, "cd '%s' && %s run hi", g_tmp, bin()), 2);
+    /* no --model, no CAIRN_MODEL, no models/pebble where it runs nor beside the binary (a copy
+     * of it in a scratch folder): the message says what to pass */
+    assert_int_equal(run(NULL, NULL, &e, "mkdir -p '%s/bin' && cp %s '%s/bin/cairn' && cd '%s' && "
+                         "env -u CAIRN_MODEL ./bin/cairn run hi", g_tmp, bin(), g_tmp, g_tmp), 2);
     assert_non_null(strstr(e, "--model"));
-    assert_non_null(strstr(e, "models/tiny"));
+    assert_non_null(strstr(e, "CAIRN_MODEL"));
+    assert_non_null(strstr(e, "models/pebble"));
+    free(e);
+    /* CAIRN_MODEL is used as given: a missing folder is an error naming it */
+    assert_int_equal(run(NULL, NULL, &e, "cd '%s' && CAIRN_MODEL='%s/absent' %s run hi", g_tmp, g_tmp, bin()), 1);
+    assert_non_null(strstr(e, "absent"));
+    free(e);
+    /* from another folder, the repository's binary finds models/pebble beside its build folder */
+    char *o0 = NULL;
+    assert_int_equal(run(NULL, &o0, &e, "cd '%s' && env -u CAIRN_MODEL %s run --json --max-tokens 2 hi",
+                         g_tmp, bin()), 0);
+    assert_non_null(strstr(o0, "\"model\":\"pebble\""));
+    free(o0);
     free(e);
     assert_int_equal(run(NULL, NULL, &e, "%s run --model %s/none hi", bin(), g_tmp), 1);
     assert_non_null(strstr(e, "none"));
