@@ -99,7 +99,7 @@ static int plain_room(const cn_constraint *c) {
 }
 
 int cn_constraint_apply(cn_constraint *c, float *logits, int n_vocab) {
-    if (c->gate) return CN_CONSTRAINT_EOS_OK; /* thinking: nothing constrained yet */
+    if (c->gate) return 0; /* thinking: free, but it may not end before the value */
     if (finished(c)) {
         for (int i = 0; i < n_vocab; i++) logits[i] = -INFINITY;
         return CN_CONSTRAINT_EOS_OK | CN_CONSTRAINT_ONLY_EOS;

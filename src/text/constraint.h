@@ -9,8 +9,9 @@
  *       special tokens count as text only where the recogniser allows markup (a tool call's tags).
  *   (2) The flags say when the output may end (the value or call is complete) and when it must end
  *       (nothing may follow): with them the engine lets end-of-sequence through or stops.
- *   (3) With after_think, nothing is constrained until the output has written `</think>`; the
- *       bytes after it are the constrained value (Ollama applies a format after thinking too).
+ *   (3) With after_think, nothing is constrained until the output has written `</think>` except
+ *       that it may not end there; the bytes after it are the constrained value (Ollama applies a
+ *       format after thinking too). So an output ends complete or at the length budget.
  *   (4) Greedy and sampled decoding both only choose among the tokens left, so the output is a
  *       valid prefix at every step, and complete when it ended by (2).
  * apply() costs one recogniser check per token whose first byte is allowed (inside a JSON string,
