@@ -87,7 +87,10 @@ static int finished(const cn_constraint *c) {
     return c->kind == K_JSON ? cn_jc_finished(&c->jc) : cn_tcc_finished(&c->tcc);
 }
 
-static int plain_room(const cn_constraint *c) {
+/* Characters of free text the state takes next, and the token class (CN_TB_*) that is such text
+ * there; -1 when no class is taken whole. */
+static int free_room(const cn_constraint *c, int *cls) {
+    *cls = CN_TB_PLAIN;
     if (c->kind == K_JSON) {
         cn_jc_sim m;
         cn_jc_sim_begin(&m, &c->jc);
@@ -95,6 +98,11 @@ static int plain_room(const cn_constraint *c) {
     }
     cn_tcc_sim m;
     cn_tcc_sim_begin(&m, &c->tcc);
+    int r = cn_tcc_sim_raw_room(&m);
+    if (r >= 0) {
+        *cls = CN_TB_RAW;
+        return r;
+    }
     return cn_tcc_sim_plain_room(&m);
 }
 
@@ -110,7 +118,8 @@ int cn_constraint_apply(cn_constraint *c, float *logits, int n_vocab) {
         char ch = (char)b;
         first[b] = (unsigned char)check(c, &ch, 1);
     }
-    int room = plain_room(c);
+    int cls;
+    int room = free_room(c, &cls);
     int specials = c->kind == K_TOOL && cn_tcc_specials_ok(&c->tcc);
     int any = 0;
     for (int id = 0; id < n_vocab; id++) {
@@ -119,7 +128,7 @@ int cn_constraint_apply(cn_constraint *c, float *logits, int n_vocab) {
             const char *s = tb->pool + tb->off[id];
             uint32_t n = tb->len[id];
             if (first[(unsigned char)s[0]]) {
-                if (room >= 0 && (tb->flags[id] & CN_TB_PLAIN) && tb->nchars[id] <= (uint32_t)room) ok = 1;
+                if (room >= 0 && (tb->flags[id] & cls) && tb->nchars[id] <= (uint32_t)room) ok = 1;
                 else ok = n == 1 || check(c, s, n);
             }
         }

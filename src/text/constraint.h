@@ -14,8 +14,9 @@
  *       format after thinking too). So an output ends complete or at the length budget.
  *   (4) Greedy and sampled decoding both only choose among the tokens left, so the output is a
  *       valid prefix at every step, and complete when it ended by (2).
- * apply() costs one recogniser check per token whose first byte is allowed (inside a JSON string,
- * plain tokens are taken by a table look-up), never allocates and never fails.
+ * apply() costs one recogniser check per token whose first byte is allowed (inside a JSON string
+ * or a raw tool value, tokens of plain text are taken by a table look-up), never allocates and
+ * never fails.
  */
 #ifndef CN_TEXT_CONSTRAINT_H
 #define CN_TEXT_CONSTRAINT_H

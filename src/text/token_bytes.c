@@ -14,13 +14,15 @@ void cn_token_bytes_free(cn_token_bytes *tb) {
     free(tb);
 }
 
-/* CN_TB_PLAIN for s[0, n), counting characters into *nc. */
-static int plain(const unsigned char *s, size_t n, uint32_t *nc) {
+/* The CN_TB_PLAIN / CN_TB_RAW flags of s[0, n), counting characters into *nc. */
+static int classify(const unsigned char *s, size_t n, uint32_t *nc) {
     uint32_t c = 0;
+    int plain = CN_TB_PLAIN | CN_TB_RAW;
     if (n == 0) return 0;
     for (size_t i = 0; i < n;) {
         unsigned b = s[i];
-        if (b < 0x20 || b == '"' || b == '\\' || b == 0x7f) return 0;
+        if (b < 0x20 || b == '"' || b == '\\' || b == 0x7f) plain &= ~CN_TB_PLAIN;
+        if (b == 0 || b == '<' || b == '\n') plain &= ~CN_TB_RAW;
         size_t k = b < 0x80 ? 1 : b >= 0xc2 && b < 0xe0 ? 2 : b >= 0xe0 && b < 0xf0 ? 3 : b >= 0xf0 && b <= 0xf4 ? 4 : 0;
         if (!k || i + k > n) return 0;
         for (size_t j = 1; j < k; j++)
@@ -33,7 +35,7 @@ static int plain(const unsigned char *s, size_t n, uint32_t *nc) {
         c++;
     }
     *nc = c;
-    return 1;
+    return plain;
 }
 
 int cn_token_bytes_build(cn_token_bytes **out, const cn_tokenizer *t, cn_err *err) {
@@ -69,7 +71,7 @@ int cn_token_bytes_build(cn_token_bytes **out, const cn_tokenizer *t, cn_err *er
         tb->len[id] = (uint32_t)bn;
         used += bn;
         if (cn_tok_is_special(t, id)) tb->flags[id] |= CN_TB_SPECIAL;
-        else if (plain((const unsigned char *)b, bn, &tb->nchars[id])) tb->flags[id] |= CN_TB_PLAIN;
+        else tb->flags[id] |= (uint8_t)classify((const unsigned char *)b, bn, &tb->nchars[id]);
         free(b);
     }
     *out = tb;

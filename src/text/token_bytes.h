@@ -17,6 +17,8 @@ enum {
     CN_TB_SPECIAL = 1, /* a special added token (<think>, <|im_end|>): markup, not text */
     CN_TB_PLAIN = 2,   /* non-empty, whole UTF-8 characters, no control byte, no '"' or '\\':
                         * taken as is inside a JSON string */
+    CN_TB_RAW = 4,     /* non-empty, whole UTF-8 characters, no NUL, '<' or newline: taken as is
+                        * inside a tool call's raw value */
 };
 
 typedef struct cn_token_bytes {
@@ -24,7 +26,7 @@ typedef struct cn_token_bytes {
     char *pool;         /* every token's bytes, back to back */
     uint32_t *off;      /* [n] start in pool */
     uint32_t *len;      /* [n] bytes */
-    uint32_t *nchars;   /* [n] UTF-8 characters (CN_TB_PLAIN tokens) */
+    uint32_t *nchars;   /* [n] UTF-8 characters (CN_TB_PLAIN and CN_TB_RAW tokens) */
     uint8_t *flags;     /* [n] CN_TB_* */
 } cn_token_bytes;
 

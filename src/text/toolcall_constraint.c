@@ -384,6 +384,13 @@ int cn_tcc_sim_plain_room(const cn_tcc_sim *m) {
     return m->sc.phase == P_JSON ? cn_jc_sim_plain_room(&m->js) : -1;
 }
 
+int cn_tcc_sim_raw_room(const cn_tcc_sim *m) {
+    const cn_tcc_sc *s = &m->sc;
+    if (s->phase != P_RAW || s->tp || s->lt || s->u8) return -1;
+    const tcc_param *q = &m->base->sp->fn[s->fn].p[s->key];
+    return q->max_len < 0 ? INT_MAX : q->max_len - s->chars;
+}
+
 int cn_tcc_check(const cn_tcc *r, const char *b, size_t n) {
     cn_tcc_sim m;
     cn_tcc_sim_begin(&m, r);

@@ -66,6 +66,9 @@ int cn_tcc_sim_byte(cn_tcc_sim *m, unsigned char b);
 void cn_tcc_sim_commit(const cn_tcc_sim *m, cn_tcc *dst);
 /* Characters of plain text the sim takes next without leaving a JSON string, or -1. */
 int cn_tcc_sim_plain_room(const cn_tcc_sim *m);
+/* Characters of raw text (no '<', newline or NUL; whole characters) the sim takes next inside a
+ * raw value, or -1 when not inside one with nothing pending. */
+int cn_tcc_sim_raw_room(const cn_tcc_sim *m);
 
 int cn_tcc_check(const cn_tcc *r, const char *b, size_t n);
 int cn_tcc_feed(cn_tcc *r, const char *b, size_t n);
