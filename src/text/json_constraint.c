@@ -35,7 +35,13 @@ typedef struct jc_node {
     char **lit;          /* [n_enum] each value as compact JSON text */
     size_t *lit_len;
     int enum_strings;    /* every enum value is a string */
+    int n_any;           /* anyOf / oneOf: branches, told apart by a value's first byte */
+    int *any;            /* [n_any] branch nodes */
+    unsigned *any_cls;   /* [n_any] C_* first-byte classes of each branch */
 } jc_node;
+
+/* Classes of a value's first byte, which is all an anyOf branch is chosen by. */
+enum { C_OBJ = 1, C_ARR = 2, C_STR = 4, C_NUM = 8, C_TRUE = 16, C_FALSE = 32, C_NULL = 64 };
 
 struct cn_jc_schema {
     jc_node *nodes;
@@ -50,6 +56,8 @@ static void node_free(jc_node *d) {
     free(d->prop);
     free(d->lit);
     free(d->lit_len);
+    free(d->any);
+    free(d->any_cls);
 }
 
 static int node_new(cn_jc_schema *s, int types) {
@@ -114,6 +122,65 @@ static int count_kw(const cJSON *x, const char *path, int *v, cn_err *err) {
 
 static int compile(cn_jc_schema *s, const cJSON *j, const char *path, int depth, int *out,
                    cn_err *err);
+
+static unsigned byte_class(unsigned b) {
+    return b == '{' ? C_OBJ : b == '[' ? C_ARR : b == '"' ? C_STR : (b == '-' || (b >= '0' && b <= '9')) ? C_NUM
+         : b == 't' ? C_TRUE : b == 'f' ? C_FALSE : b == 'n' ? C_NULL : 0;
+}
+
+/* The first-byte classes a value of node may start with. */
+static unsigned node_classes(const cn_jc_schema *s, int node) {
+    const jc_node *d = &s->nodes[node];
+    unsigned c = 0;
+    if (d->n_any) {
+        for (int i = 0; i < d->n_any; i++) c |= d->any_cls[i];
+        return c;
+    }
+    if (d->n_enum) {
+        for (int i = 0; i < d->n_enum; i++) c |= byte_class((unsigned char)d->lit[i][0]);
+        return c;
+    }
+    if (d->types & T_OBJ) c |= C_OBJ;
+    if (d->types & T_ARR) c |= C_ARR;
+    if (d->types & T_STR) c |= C_STR;
+    if (d->types & (T_INT | T_NUM)) c |= C_NUM;
+    if (d->types & T_BOOL) c |= C_TRUE | C_FALSE;
+    if (d->types & T_NULL) c |= C_NULL;
+    return c;
+}
+
+/* anyOf / oneOf: each branch compiled; branches must start with different bytes (different JSON
+ * types, or enums of different types), so that a value's first byte picks its branch. */
+static int compile_any(cn_jc_schema *s, int idx, const cJSON *arr, const char *path, int depth,
+                       cn_err *err) {
+    const char *kw = arr->string;
+    int n = cJSON_IsArray(arr) ? cJSON_GetArraySize(arr) : 0;
+    if (n < 1) return cn_err_set(err, CN_EINVAL, "schema %s.%s must be a non-empty array", path, kw);
+    int *any = calloc((size_t)n, sizeof *any);
+    unsigned *cls = calloc((size_t)n, sizeof *cls);
+    s->nodes[idx].any = any, s->nodes[idx].any_cls = cls; /* owned by the node from here */
+    if (!any || !cls) return CN_ENOMEM;
+    const cJSON *b;
+    int i = 0, types = 0;
+    char sub[256];
+    cJSON_ArrayForEach(b, arr) {
+        snprintf(sub, sizeof sub, "%s.%s[%d]", path, kw, i);
+        int child, rc = compile(s, b, sub, depth + 1, &child, err);
+        if (rc) return rc;
+        unsigned c = node_classes(s, child);
+        for (int k = 0; k < i; k++)
+            if (s->nodes[idx].any_cls[k] & c)
+                return cn_err_set(err, CN_EUNSUPPORTED,
+                                  "schema %s.%s: branches %d and %d may start alike; cairn takes %s "
+                                  "whose branches are of different JSON types", path, kw, k, i, kw);
+        s->nodes[idx].any[i] = child;
+        s->nodes[idx].any_cls[i] = c;
+        s->nodes[idx].n_any = ++i;
+        types |= s->nodes[child].types;
+    }
+    s->nodes[idx].types = types;
+    return CN_OK;
+}
 
 /* Fills node idx's properties from "properties" and "required". */
 static int compile_props(cn_jc_schema *s, int idx, const cJSON *props, const cJSON *req,
@@ -202,7 +269,7 @@ static int compile(cn_jc_schema *s, const cJSON *j, const char *path, int depth,
     int idx = node_new(s, types);
     if (idx < 0) return idx;
     const cJSON *k;
-    const cJSON *props = NULL, *req = NULL, *items = NULL, *en = NULL;
+    const cJSON *props = NULL, *req = NULL, *items = NULL, *en = NULL, *any = NULL;
     int rc;
     cJSON_ArrayForEach(k, j) {
         const char *n = k->string;
@@ -211,6 +278,10 @@ static int compile(cn_jc_schema *s, const cJSON *j, const char *path, int depth,
         if (!strcmp(n, "properties")) props = k;
         else if (!strcmp(n, "required")) req = k;
         else if (!strcmp(n, "items")) items = k;
+        else if (!strcmp(n, "anyOf") || !strcmp(n, "oneOf")) {
+            if (any) return cn_err_set(err, CN_EUNSUPPORTED, "schema %s has both anyOf and oneOf", path);
+            any = k;
+        }
         else if (!strcmp(n, "enum") || !strcmp(n, "const")) {
             if (en) return cn_err_set(err, CN_EUNSUPPORTED, "schema %s has both enum and const", path);
             en = k;
@@ -229,6 +300,14 @@ static int compile(cn_jc_schema *s, const cJSON *j, const char *path, int depth,
         } else {
             return cn_err_set(err, CN_EUNSUPPORTED, "schema %s: keyword \"%s\" is not supported", path, n);
         }
+    }
+    if (any) {
+        if (t || en || props || items || req)
+            return cn_err_set(err, CN_EUNSUPPORTED, "schema %s: %s beside other constraints is not supported; "
+                              "put them in its branches", path, any->string);
+        if ((rc = compile_any(s, idx, any, path, depth, err))) return rc;
+        *out = idx;
+        return CN_OK;
     }
     jc_node *d = &s->nodes[idx];
     if ((d->max_len >= 0 && d->min_len > d->max_len) || (d->max_items >= 0 && d->min_items > d->max_items))
@@ -564,6 +643,15 @@ static uint64_t all_bits(int n) { return n >= 64 ? ~(uint64_t)0 : (((uint64_t)1 
 static int step_value(cn_jc_sim *m, cn_jc_frame *f, unsigned b) {
     const jc_node *d = nd(m, f->node);
     if (is_ws(b)) return ws_ok(m);
+    if (d->n_any) { /* the first byte picks the branch, which then reads it */
+        unsigned c = byte_class(b);
+        for (int i = 0; i < d->n_any; i++)
+            if (d->any_cls[i] & c) {
+                f->node = d->any[i];
+                return 2;
+            }
+        return 0;
+    }
     int room = depth(m) < CN_JC_MAX_DEPTH - 1; /* a container must fit one child */
     if (d->n_enum) {
         f->kind = F_LIT, f->st = L_ENUM, f->n = 0, f->mask = all_bits(d->n_enum);

@@ -14,7 +14,9 @@
  *       exponent at most 3, nesting at most CN_JC_MAX_DEPTH; nothing may follow the root value.
  * Schemas (draft 2020-12 keywords): type (a name or a list) object / array / string / number /
  * integer / boolean / null, properties, required, additionalProperties (false only), items, enum,
- * const, minLength / maxLength (characters), minItems / maxItems. Annotations (title, description,
+ * const, minLength / maxLength (characters), minItems / maxItems, and anyOf / oneOf whose branches
+ * start with different bytes (different JSON types: Optional[X] is anyOf X, null), so that a
+ * value's first byte picks its branch. Annotations (title, description,
  * $schema, $id, $comment, default, examples, deprecated, readOnly, writeOnly) are ignored; any other
  * keyword is refused, naming it and where it sits. An object with properties takes only those keys,
  * each at most once, in any order, and closes only once every required key is in. An enum or const

@@ -20,14 +20,16 @@ const person = {
     ok: { type: 'boolean' },
     color: { enum: ['red', 'green', 'blue'] },
     tags: { type: 'array', items: { type: 'string', maxLength: 4 }, maxItems: 3 },
+    nick: { anyOf: [{ type: 'string', maxLength: 4 }, { type: 'null' }], title: 'Nick' },
   },
-  required: ['name', 'age', 'ok', 'color', 'tags'],
+  required: ['name', 'age', 'ok', 'color', 'tags', 'nick'],
   additionalProperties: false,
 };
 
 function checkPerson(text) {
   const v = JSON.parse(text);
-  assert.deepEqual(Object.keys(v).sort(), ['age', 'color', 'name', 'ok', 'tags']);
+  assert.deepEqual(Object.keys(v).sort(), ['age', 'color', 'name', 'nick', 'ok', 'tags']);
+  assert.ok(v.nick === null || (typeof v.nick === 'string' && [...v.nick].length <= 4));
   assert.equal(typeof v.name, 'string');
   assert.ok([...v.name].length <= 8);
   assert.ok(Number.isInteger(v.age));

@@ -198,6 +198,14 @@ static void test_schema(void **state) {
     assert_true(takes(s, q, "{\"a\":true}"));
     assert_true(takes(s, q, "{}"));
     assert_true(refuses(s, q, "{\"a\":true,"));
+    /* anyOf / oneOf with branches of different types: the first byte picks one */
+    assert_int_equal(compile_text(s, "{\"anyOf\":[{\"type\":\"string\",\"maxLength\":2},{\"type\":\"null\"},"
+                                     "{\"oneOf\":[{\"type\":\"array\",\"items\":{\"type\":\"integer\"}},{\"enum\":[1,true]}]}]}",
+                                  &q, &err), 0);
+    static const char *const any_ok[] = {"\"ab\"", "null", "[1,2]", "1", "true", " \"\""};
+    for (size_t i = 0; i < sizeof any_ok / sizeof *any_ok; i++) assert_true(takes(s, q, any_ok[i]));
+    static const char *const any_bad[] = {"\"abc\"", "2", "false", "{}", "[1.5]", "nul1"};
+    for (size_t i = 0; i < sizeof any_bad / sizeof *any_bad; i++) assert_true(refuses(s, q, any_bad[i]));
     /* minLength / minItems */
     assert_int_equal(compile_text(s, "{\"type\":\"array\",\"minItems\":2,\"items\":{\"type\":\"string\",\"minLength\":2}}", &q, &err), 0);
     assert_true(takes(s, q, "[\"ab\",\"cd\"]"));
@@ -222,8 +230,10 @@ static void test_schema_refusals(void **state) {
     assert_int_equal(compile_text(s, "{\"properties\":{},\"required\":[\"z\"]}", &p, &err), CN_EINVAL);
     assert_non_null(strstr(err.msg, "z"));
     assert_int_equal(compile_text(s, "{\"type\":\"object\",\"additionalProperties\":true}", &p, &err), CN_EUNSUPPORTED);
-    assert_int_equal(compile_text(s, "{\"anyOf\":[{\"type\":\"string\"}]}", &p, &err), CN_EUNSUPPORTED);
-    assert_non_null(strstr(err.msg, "anyOf"));
+    assert_int_equal(compile_text(s, "{\"anyOf\":[{\"type\":\"string\"},{\"enum\":[\"a\",2]}]}", &p, &err), CN_EUNSUPPORTED);
+    assert_non_null(strstr(err.msg, "branches 0 and 1"));
+    assert_int_equal(compile_text(s, "{\"type\":\"string\",\"oneOf\":[{\"maxLength\":2}]}", &p, &err), CN_EUNSUPPORTED);
+    assert_non_null(strstr(err.msg, "oneOf"));
     assert_int_equal(compile_text(s, "{\"type\":\"string\",\"minLength\":3,\"maxLength\":2}", &p, &err), CN_EINVAL);
     assert_int_equal(compile_text(s, "{\"enum\":[]}", &p, &err), CN_EINVAL);
     assert_int_equal(compile_text(s, "[1]", &p, &err), CN_EINVAL);
