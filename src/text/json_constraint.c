@@ -46,6 +46,8 @@ enum { C_OBJ = 1, C_ARR = 2, C_STR = 4, C_NUM = 8, C_TRUE = 16, C_FALSE = 32, C_
 struct cn_jc_schema {
     jc_node *nodes;
     int n, cap;
+    const cJSON *root; /* while compiling: the schema that $ref paths start from */
+    int refs;          /* while compiling: $refs being followed */
 };
 
 static void node_free(jc_node *d) {
@@ -234,6 +236,17 @@ static int compile_props(cn_jc_schema *s, int idx, const cJSON *props, const cJS
     return CN_OK;
 }
 
+/* The schema a local $ref ("#/$defs/NAME", "#/definitions/NAME") names, or NULL. */
+static const cJSON *resolve(const cn_jc_schema *s, const char *ref) {
+    const char *name = NULL;
+    const cJSON *defs = NULL;
+    if (!strncmp(ref, "#/$defs/", 8)) name = ref + 8, defs = cJSON_GetObjectItemCaseSensitive(s->root, "$defs");
+    else if (!strncmp(ref, "#/definitions/", 14))
+        name = ref + 14, defs = cJSON_GetObjectItemCaseSensitive(s->root, "definitions");
+    if (!strcmp(ref, "#")) return s->root;
+    return name && cJSON_IsObject(defs) && !strchr(name, '/') ? cJSON_GetObjectItemCaseSensitive(defs, name) : NULL;
+}
+
 static int compile(cn_jc_schema *s, const cJSON *j, const char *path, int depth, int *out,
                    cn_err *err) {
     if (cJSON_IsTrue(j)) {
@@ -242,8 +255,26 @@ static int compile(cn_jc_schema *s, const cJSON *j, const char *path, int depth,
     }
     if (!cJSON_IsObject(j)) return cn_err_set(err, CN_EINVAL, "schema %s must be an object", path);
     if (depth > MAX_SCHEMA_DEPTH)
-        return cn_err_set(err, CN_EUNSUPPORTED, "schema %s nests deeper than %d levels", path,
-                          MAX_SCHEMA_DEPTH);
+        return cn_err_set(err, CN_EUNSUPPORTED, "schema %s nests deeper than %d levels%s", path,
+                          MAX_SCHEMA_DEPTH, s->refs ? " through $ref (does it refer to itself?)" : "");
+    const cJSON *ref = cJSON_GetObjectItemCaseSensitive(j, "$ref");
+    if (ref) { /* a reference stands for its target; beside it only annotations */
+        const cJSON *k, *target = cJSON_IsString(ref) ? resolve(s, ref->valuestring) : NULL;
+        if (!target)
+            return cn_err_set(err, CN_EUNSUPPORTED, "schema %s.$ref: only local references into $defs "
+                              "or definitions are supported", path);
+        cJSON_ArrayForEach(k, j)
+            if (strcmp(k->string, "$ref") && strcmp(k->string, "$defs") && strcmp(k->string, "definitions") &&
+                !is_annotation(k->string))
+                return cn_err_set(err, CN_EUNSUPPORTED, "schema %s: \"%s\" beside $ref is not supported",
+                                  path, k->string);
+        char sub[256];
+        snprintf(sub, sizeof sub, "%s", ref->valuestring);
+        s->refs++;
+        int rc = compile(s, target, sub, depth + 1, out, err);
+        s->refs--;
+        return rc;
+    }
     int types = 0;
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "type");
     if (cJSON_IsString(t)) {
@@ -274,7 +305,8 @@ static int compile(cn_jc_schema *s, const cJSON *j, const char *path, int depth,
     cJSON_ArrayForEach(k, j) {
         const char *n = k->string;
         jc_node *d = &s->nodes[idx];
-        if (!strcmp(n, "type") || is_annotation(n)) continue;
+        if (!strcmp(n, "type") || is_annotation(n) || !strcmp(n, "$defs") || !strcmp(n, "definitions"))
+            continue; /* $defs are compiled where a $ref names them */
         if (!strcmp(n, "properties")) props = k;
         else if (!strcmp(n, "required")) req = k;
         else if (!strcmp(n, "items")) items = k;
@@ -374,7 +406,11 @@ int cn_jc_schema_add(cn_jc_schema *s, const cJSON *schema, int *node, cn_err *er
         *node = idx;
         return CN_OK;
     }
-    return compile(s, schema, "$", 0, node, err);
+    s->root = schema;
+    s->refs = 0;
+    int rc = compile(s, schema, "$", 0, node, err);
+    s->root = NULL;
+    return rc;
 }
 
 int cn_jc_node_is_string(const cn_jc_schema *s, int node, int *min_len, int *max_len) {

@@ -16,7 +16,8 @@
  * integer / boolean / null, properties, required, additionalProperties (false only), items, enum,
  * const, minLength / maxLength (characters), minItems / maxItems, and anyOf / oneOf whose branches
  * start with different bytes (different JSON types: Optional[X] is anyOf X, null), so that a
- * value's first byte picks its branch. Annotations (title, description,
+ * value's first byte picks its branch; local $ref into $defs / definitions (as pydantic writes
+ * nested models), expanded where used, so a schema that refers to itself is refused. Annotations (title, description,
  * $schema, $id, $comment, default, examples, deprecated, readOnly, writeOnly) are ignored; any other
  * keyword is refused, naming it and where it sits. An object with properties takes only those keys,
  * each at most once, in any order, and closes only once every required key is in. An enum or const

@@ -206,6 +206,19 @@ static void test_schema(void **state) {
     for (size_t i = 0; i < sizeof any_ok / sizeof *any_ok; i++) assert_true(takes(s, q, any_ok[i]));
     static const char *const any_bad[] = {"\"abc\"", "2", "false", "{}", "[1.5]", "nul1"};
     for (size_t i = 0; i < sizeof any_bad / sizeof *any_bad; i++) assert_true(refuses(s, q, any_bad[i]));
+    /* $ref into $defs, as pydantic writes nested models; a cycle is refused, not followed */
+    assert_int_equal(compile_text(s, "{\"$defs\":{\"Pet\":{\"type\":\"object\",\"properties\":{\"k\":{\"enum\":[\"cat\",\"dog\"]}},"
+                                     "\"required\":[\"k\"]}},\"type\":\"object\",\"properties\":{\"pets\":{\"type\":\"array\","
+                                     "\"items\":{\"$ref\":\"#/$defs/Pet\"}},\"best\":{\"anyOf\":[{\"$ref\":\"#/$defs/Pet\"},{\"type\":\"null\"}]}},"
+                                     "\"required\":[\"pets\"]}", &q, &err), 0);
+    assert_true(takes(s, q, "{\"pets\":[{\"k\":\"cat\"},{\"k\":\"dog\"}],\"best\":null}"));
+    assert_true(refuses(s, q, "{\"pets\":[{\"k\":\"cow\"}]}"));
+    assert_true(refuses(s, q, "{\"pets\":[{}]}"));
+    assert_int_equal(compile_text(s, "{\"$defs\":{\"N\":{\"type\":\"object\",\"properties\":{\"next\":{\"$ref\":\"#/$defs/N\"}}}},"
+                                     "\"$ref\":\"#/$defs/N\"}", &q, &err), CN_EUNSUPPORTED);
+    if (!strstr(err.msg, "refer to itself")) fail_msg("%s", err.msg);
+    assert_int_equal(compile_text(s, "{\"$ref\":\"http://example.com/s.json\"}", &q, &err), CN_EUNSUPPORTED);
+    assert_non_null(strstr(err.msg, "$ref"));
     /* minLength / minItems */
     assert_int_equal(compile_text(s, "{\"type\":\"array\",\"minItems\":2,\"items\":{\"type\":\"string\",\"minLength\":2}}", &q, &err), 0);
     assert_true(takes(s, q, "[\"ab\",\"cd\"]"));
