@@ -1,10 +1,13 @@
 /* lineedit.c - libedit on a terminal, getline elsewhere; see lineedit.h. */
 #include "cli/lineedit.h"
 
+#include <errno.h>
+
 #include <histedit.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "base/error.h"
 
@@ -17,7 +20,24 @@ struct cn_lineedit {
     char *buf;          /* the last line read */
     size_t cap;
     char *last;         /* the last line remembered, to skip repeats */
+    char *file;         /* where the history persists ($HOME/.cairn/history), or NULL */
 };
+
+/* $HOME/.cairn/history, its folder made if missing; NULL without a HOME or a folder. */
+static char *history_file(void) {
+    const char *home = getenv("HOME");
+    if (!home || !*home) return NULL;
+    size_t n = strlen(home) + sizeof "/.cairn/history";
+    char *p = malloc(n);
+    if (!p) return NULL;
+    snprintf(p, n, "%s/.cairn", home);
+    if (mkdir(p, 0700) && errno != EEXIST) {
+        free(p);
+        return NULL;
+    }
+    snprintf(p, n, "%s/.cairn/history", home);
+    return p;
+}
 
 static char *prompt_cb(EditLine *el) {
     cn_lineedit *le = NULL;
@@ -43,6 +63,7 @@ int cn_lineedit_open(cn_lineedit **out, int tty) {
         el_set(le->el, EL_HIST, history, le->hist);
         el_set(le->el, EL_SIGNAL, 1); /* the terminal is restored before our handlers run */
         el_source(le->el, NULL);      /* ~/.editrc, as every libedit program reads it */
+        if ((le->file = history_file())) history(le->hist, &ev, H_LOAD, le->file); /* may not exist */
     }
     *out = le;
     return CN_OK;
@@ -91,6 +112,7 @@ void cn_lineedit_remember(cn_lineedit *le, const char *line) {
     history(le->hist, &ev, H_ENTER, line);
     free(le->last);
     le->last = copy;
+    if (le->file) history(le->hist, &ev, H_SAVE, le->file); /* each line at once: a crash loses none */
 }
 
 void cn_lineedit_close(cn_lineedit *le) {
@@ -99,5 +121,6 @@ void cn_lineedit_close(cn_lineedit *le) {
     if (le->hist) history_end(le->hist);
     free(le->buf);
     free(le->last);
+    free(le->file);
     free(le);
 }

@@ -1,7 +1,8 @@
 /* lineedit.h - the input lines of `cairn run`'s chat: edited on a terminal, read plainly otherwise.
  *
  * On a terminal, libedit (BSD-licensed, Debian's libedit-dev) gives the prompt emacs-style editing,
- * arrow keys and a history of the lines typed in this session (Up/Down, Ctrl-R). Anywhere else
+ * arrow keys and a history of the lines typed (Up/Down, Ctrl-R), kept in $HOME/.cairn/history
+ * across sessions (1000 lines; without a HOME, for this session only). Anywhere else
  * (a pipe, a file: what the tests feed), lines are read with getline and no prompt is written, so
  * scripted input behaves exactly as before. It never interprets a line: the chat joins lines into
  * messages (`\` and `"""`) and decides what enters the history. A Ctrl-C at the prompt ends the

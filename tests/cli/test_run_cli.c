@@ -276,8 +276,12 @@ static void test_line_editing_on_a_terminal(void **st) {
     int fd;
     pid_t pid = forkpty(&fd, NULL, NULL, NULL);
     assert_true(pid >= 0);
+    char hist[700];
+    snprintf(hist, sizeof hist, "%s/.cairn/history", g_tmp);
+    unlink(hist);
     if (pid == 0) {
         setenv("TERM", "xterm", 1);
+        setenv("HOME", g_tmp, 1); /* the history file goes there */
         execl(bin(), "cairn", "run", "--model", g_model, "--max-tokens", "4", (char *)NULL);
         _exit(98);
     }
@@ -298,6 +302,11 @@ static void test_line_editing_on_a_terminal(void **st) {
     close(fd);
     assert_true(WIFEXITED(status));
     assert_int_equal(WEXITSTATUS(status), 0);
+    char *h = read_text(hist); /* the lines as run, kept for the next session */
+    assert_non_null(h);
+    assert_non_null(strstr(h, "/no_think"));
+    assert_non_null(strstr(h, "/bye"));
+    free(h);
 }
 
 /* Polls the file at path for needle, up to ms milliseconds. */
