@@ -13,8 +13,9 @@
  * is evaluated (--verbose prints the cached count). The one difference from re-rendering the
  * history with the template is that earlier answers keep their reasoning, as the model wrote it.
  *
- * Input: a line ending with `\` continues on the next line; a line starting with `"""` opens a
- * block that the next line ending with `"""` closes. Commands: /bye, /clear (forget the
+ * Input: on a terminal, lines are edited with libedit (lineedit.h: arrow keys, history); a line
+ * ending with `\` continues on the next line; a line starting with `"""` opens a block that the
+ * next line ending with `"""` closes. Commands: /bye, /clear (forget the
  * conversation), /think and /no_think (reasoning on or off from the next message), /? (help).
  * Ctrl-C during an answer cancels it like a client disconnect (what the prefill absorbed stays in
  * the cache); the partial answer stays in the conversation, or the turn is dropped when nothing
@@ -35,6 +36,7 @@
 #include "cli/cli.h"
 #include "cli/cli_util.h"
 #include "cli/flags.h"
+#include "cli/lineedit.h"
 #include "engine/engine.h"
 #include "text/chat.h"
 #include "text/reply.h"
@@ -436,26 +438,21 @@ static int ends_with(const char *s, size_t n, const char *suffix) {
 }
 
 /* Reads one message: a line, lines joined by a trailing `\`, or a """ block. Returns 1 with the
- * text in *msg (the caller's buffer, reset here), 0 at end of input or Ctrl-C. */
-static int read_message(cn_strbuf *msg, int prompt) {
-    char *line = NULL;
-    size_t cap = 0;
+ * text in *msg (the caller's buffer, reset here), 0 at end of input or Ctrl-C. On a terminal each
+ * line typed enters the line editor's history, so Up brings back any line of a block too. */
+static int read_message(cn_lineedit *le, cn_strbuf *msg, int prompt) {
     int block = 0, more = 0, got = 0;
     cn_strbuf_reset(msg);
     for (;;) {
-        if (prompt) {
-            fputs(block || more ? "... " : ">>> ", stdout);
-            fflush(stdout);
-        }
+        const char *line;
+        size_t n;
         errno = 0;
-        ssize_t len = getline(&line, &cap, stdin);
-        if (len < 0 || g_interrupted) {
+        int ok = cn_lineedit_read(le, prompt ? (block || more ? "... " : ">>> ") : NULL, &line, &n);
+        if (!ok || g_interrupted) {
             if (prompt) fputs("\n", stdout);
             break;
         }
-        size_t n = (size_t)len;
-        while (n && (line[n - 1] == '\n' || line[n - 1] == '\r')) n--;
-        line[n] = '\0';
+        if (prompt) cn_lineedit_remember(le, line);
         const char *s = line;
         if (!block && !more) {
             size_t lead = strspn(s, " \t");
@@ -491,7 +488,6 @@ static int read_message(cn_strbuf *msg, int prompt) {
         got = 1;
         break;
     }
-    free(line);
     return got && !msg->oom;
 }
 
@@ -511,10 +507,15 @@ static void help(FILE *f) {
 static int chat(run_opts *o, cn_engine *e, const cn_text *t) {
     int tty_in = isatty(STDIN_FILENO);
     FILE *say = o->json ? stderr : stdout; /* command feedback; stdout keeps --json lines only */
+    cn_lineedit *le;
+    if (cn_lineedit_open(&le, tty_in && isatty(STDOUT_FILENO))) {
+        fputs("cairn: out of memory\n", stderr);
+        return 1;
+    }
     if (tty_in && !o->quiet) fputs("Type /? for help, /bye to leave.\n", say);
     convo cv = {0};
     cn_strbuf msg = CN_STRBUF_INIT;
-    while (read_message(&msg, tty_in)) {
+    while (read_message(le, &msg, tty_in)) {
         const char *s = msg.p ? msg.p + strspn(msg.p, " \t\n") : "";
         if (!*s) continue;
         if (*s == '/') {
@@ -542,6 +543,7 @@ static int chat(run_opts *o, cn_engine *e, const cn_text *t) {
     }
     cn_strbuf_free(&msg);
     free(cv.ids);
+    cn_lineedit_close(le);
     return 0;
 }
 

@@ -1,6 +1,7 @@
 /* engine.c - request life cycle over the model and the prefix cache; see engine.h. */
 #include "engine/engine.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -112,6 +113,21 @@ static int forward(cn_engine *e, cn_pc_session *sess, const int32_t *tokens, int
     return rc;
 }
 
+/* Samples the next token from e->logits under the request's mask (which may rewrite the row).
+ * Returns 0 with *t, or 1: the mask ends the output here, as an end of sequence would. */
+static int pick(cn_engine *e, const cn_request *r, cn_sampler *smp, int32_t *t) {
+    if (r->mask) {
+        float keep[16];
+        int ne = e->n_eos < 16 ? e->n_eos : 16;
+        for (int i = 0; i < ne; i++) keep[i] = e->logits[e->eos[i]];
+        int fl = r->mask->apply(r->mask->ctx, e->logits, cn_model_config(e->m)->vocab_size);
+        if (fl & CN_MASK_ONLY_EOS) return 1;
+        for (int i = 0; i < ne; i++) e->logits[e->eos[i]] = (fl & CN_MASK_EOS_OK) ? keep[i] : -INFINITY;
+    }
+    *t = cn_sampler_sample(smp, e->logits);
+    return 0;
+}
+
 /* ---- decoding with a drafter -------------------------------------------------------------------- */
 
 /* One request's decode state with a drafter: what the speculative loop threads through. */
@@ -147,6 +163,7 @@ static int take(dec *d, int32_t t) {
     }
     res->tokens[res->eval_count++] = t;
     d->all[d->n + res->eval_count - 1] = t;
+    if (r->mask) r->mask->accept(r->mask->ctx, t);
     if (r->on_token && r->on_token(r->ctx, t)) {
         res->stop = CN_STOP_CALLER;
         return STOP;
@@ -159,15 +176,26 @@ static int take(dec *d, int32_t t) {
     return res->eval_count == r->max_tokens ? STOP : GO;
 }
 
+/* The mask ended the output: as if an end of sequence had been sampled, which closes the last
+ * pair (*t gets the id that closes it). Returns STOP. */
+static int end_here(dec *d, int32_t *t) {
+    *t = d->e->n_eos ? d->e->eos[0] : 0;
+    int rc = cn_pc_push_key(d->sess, ((cn_key)d->prev << 32) | (uint32_t)*t);
+    d->prev = (uint32_t)*t;
+    if (rc) d->rc = rc;
+    d->res->stop = CN_STOP_EOS;
+    return STOP;
+}
+
 /* DECODE with a drafter: plain steps or speculative rounds, as the controller (or the request)
  * decides; every step keeps the draft cache level with the target. */
 static int decode_spec(dec *d) {
     cn_engine *e = d->e;
     cn_spec *sp = e->spec;
     cn_result *res = d->res;
-    int speculate = !d->r->no_speculate && !e->o.no_speculate;
-    int32_t cur = cn_sampler_sample(d->smp, e->logits);
-    int st = take(d, cur);
+    int speculate = !d->r->no_speculate && !e->o.no_speculate && !d->r->mask;
+    int32_t cur = 0;
+    int st = pick(e, d->r, d->smp, &cur) ? end_here(d, &cur) : take(d, cur);
     if (st == GO) cn_sampler_accept(d->smp, cur);
     cn_spec_close_pair(sp, cur);
     while (st == GO) {
@@ -178,8 +206,7 @@ static int decode_spec(dec *d) {
             int at = e->live->offset;
             if ((d->rc = forward(e, d->sess, d->all, at, at + 1, 1, at + 1))) break;
             res->plain_steps++;
-            cur = cn_sampler_sample(d->smp, e->logits);
-            st = take(d, cur);
+            st = pick(e, d->r, d->smp, &cur) ? end_here(d, &cur) : take(d, cur);
             if (st == GO) cn_sampler_accept(d->smp, cur);
             cn_spec_close_pair(sp, cur);
             cn_spec_ctl_plain(&sp->ctl, now_ms() - t0);
@@ -312,13 +339,14 @@ int cn_engine_generate(cn_engine *e, const cn_request *r, cn_result *res) {
         goto close;
     }
     while (res->eval_count < r->max_tokens) {
-        int32_t t = cn_sampler_sample(&smp, e->logits);
-        if (!r->ignore_eos && is_eos(e, t)) {
+        int32_t t = 0;
+        if (pick(e, r, &smp, &t) || (!r->ignore_eos && is_eos(e, t))) {
             res->stop = CN_STOP_EOS;
             break;
         }
         res->tokens[res->eval_count++] = t;
         all[n + res->eval_count - 1] = t;
+        if (r->mask) r->mask->accept(r->mask->ctx, t);
         cn_sampler_accept(&smp, t);
         if (r->on_token && r->on_token(r->ctx, t)) {
             res->stop = CN_STOP_CALLER;

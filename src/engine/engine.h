@@ -8,8 +8,8 @@
  *
  * With an MTP head (speculate.h) the engine also owns the drafter and its draft cache, built at
  * open: the prefix cache keys token pairs and keeps the draft's rows with the target's. Every
- * request keeps the draft cache level; one that asks for no speculation (or logprobs, once they
- * exist) decodes plainly, and the depth controller parks speculation on its own when it does not
+ * request keeps the draft cache level; one that asks for no speculation, or has a logits mask
+ * (or logprobs, once they exist), decodes plainly, and the depth controller parks speculation on its own when it does not
  * pay. Either way the tokens are those plain decoding gives (greedy), or drawn from the same
  * distribution (sampling).
  *
@@ -62,6 +62,23 @@ typedef int (*cn_token_fn)(void *ctx, int32_t token);
  * ones included), so a server can send keep-alives with progress during a long prompt. */
 typedef void (*cn_progress_fn)(void *ctx, int done, int total);
 
+/* Flags a logits mask returns. */
+enum {
+    CN_MASK_EOS_OK = 1,   /* the output may end here: end-of-sequence ids keep their logits */
+    CN_MASK_ONLY_EOS = 2, /* the output must end here: decoding stops as at an end of sequence */
+};
+
+/* A constraint on what may be generated (structured output, forced tool calls). */
+typedef struct cn_logit_mask {
+    /* Before every sample: sets the logits of tokens that may not come next to -INFINITY. The
+     * end-of-sequence ids are the engine's business: it gives them back their logits with
+     * CN_MASK_EOS_OK and masks them without. Returns CN_MASK_* flags. */
+    int (*apply)(void *ctx, float *logits, int n_vocab);
+    /* After every token taken (never an end of sequence), before on_token. */
+    void (*accept)(void *ctx, int32_t token);
+    void *ctx;
+} cn_logit_mask;
+
 typedef struct cn_request {
     const int32_t *tokens; /* [n_tokens] the prompt */
     int n_tokens;
@@ -77,6 +94,8 @@ typedef struct cn_request {
                                  * ranges are keyed by content in the cache, the model sees ids */
     int n_media;
     int no_speculate;      /* 1: decode plainly (what logprobs will need); the draft cache is kept */
+    const cn_logit_mask *mask; /* (optional) applied before every sample; a masked request decodes
+                                * plainly (exactly: drafts would be verified unmasked) */
     float *draft_logits;   /* OUT (optional): [vocab] the MTP head's logits at the prompt's last
                             * pair (slot n-2), for prompts of 2+ tokens on a model with a drafter */
 } cn_request;

@@ -52,6 +52,7 @@ void cn_job_unref(cn_job *j) {
     free(j->prompt);
     cn_stopseq_free(&j->stops);
     cJSON_Delete(j->tools);
+    cn_constraint_free(j->constraint);
     if (j->reply_ready) cn_reply_free(&j->reply);
     free(j->content);
     free(j->thinking_text);
@@ -186,6 +187,16 @@ static int cb_token(void *ctx, int32_t t) {
     return j->stopped || j->failed;
 }
 
+/* The engine's mask hook over the job's constraint; the flags mean the same on both sides. */
+static int cb_mask(void *ctx, float *logits, int n_vocab) {
+    int fl = cn_constraint_apply(ctx, logits, n_vocab);
+    return (fl & CN_CONSTRAINT_EOS_OK ? CN_MASK_EOS_OK : 0) | (fl & CN_CONSTRAINT_ONLY_EOS ? CN_MASK_ONLY_EOS : 0);
+}
+
+static void cb_accept(void *ctx, int32_t token) {
+    if (cn_constraint_accept(ctx, token)) cn_log(CN_LOG_WARN, "constraint: token %d was not allowed", token);
+}
+
 int cn_job_run(cn_job *j, cn_engine *e, cn_cancel_fn cancel, void *cancel_ctx) {
     const cn_api_ops *ops = cn_api_ops_for(j->api);
     run_ctx rc_ = {j, cancel, cancel_ctx};
@@ -214,6 +225,8 @@ int cn_job_run(cn_job *j, cn_engine *e, cn_cancel_fn cancel, void *cancel_ctx) {
         .on_progress = cb_progress,
         .ctx = &rc_,
     };
+    cn_logit_mask mask = {cb_mask, cb_accept, j->constraint};
+    if (j->constraint && !j->canned) rq.mask = &mask;
     rc = cn_engine_generate(e, &rq, &j->res);
     if (rc == CN_ECANCELED && cn_job_gone_at(j) > 0) { /* nobody to tell */
         cn_job_set_state(j, CN_JOB_CANCELED);

@@ -31,6 +31,7 @@
 
 #include "engine/engine.h"
 #include "server/chan.h"
+#include "text/constraint.h"
 #include "text/stopseq.h"
 #include "text/text.h"
 #include "text/parser.h"
@@ -76,6 +77,8 @@ typedef struct cn_job {
     int parse;      /* 1: run the reasoning/tool-call parser (chat endpoints) */
     int thinking;   /* parse: the prompt opened <think> */
     cJSON *tools;   /* parse: OpenAI tools array, owned; NULL if none */
+    cn_constraint *constraint; /* (optional) owned: JSON output or a forced tool call; its state is
+                                * the worker's while the job runs */
     const cn_text *text; /* tokenizer for decoding; not owned, outlives every job */
     const char *canned;  /* TESTS ONLY (CAIRN_TEST_CANNED_OUTPUT): text that replaces the decoded
                           * output, a few bytes per generated token; not owned */

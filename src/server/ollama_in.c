@@ -3,8 +3,10 @@
  * Fields follow Ollama's API: model, messages / prompt, system, raw, think, tools, format,
  * options {temperature, top_k, top_p, min_p, seed, num_predict, stop, num_ctx, repeat_penalty,
  * repeat_last_n, presence_penalty, frequency_penalty, speculate}, stream (default true), keep_alive (accepted:
- * the model stays loaded for the server's life). What cairn cannot honour is refused by name
- * rather than ignored: suffix, images, template, context, and a format other than none.
+ * the model stays loaded for the server's life). format "json" or a JSON schema constrains the
+ * output (constraint.h); with thinking on it applies once thinking ends, as Ollama's chat does.
+ * What cairn cannot honour is refused by name rather than ignored: suffix, images, template,
+ * context, and a schema keyword the recogniser does not know.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,18 +61,28 @@ static int options(cn_job *j, const cJSON *root, cn_refusal *r) {
     return cn_req_stops(j, cJSON_GetObjectItemCaseSensitive(o, "stop"), "options.stop", 64, r);
 }
 
-/* Shared tail of both endpoints: stream, format, the refused extras, options. */
-static int common(cn_job *j, const cJSON *root, cn_refusal *r) {
+/* Shared tail of both endpoints: stream, format (*fmt: NULL for none), the refused extras,
+ * options. */
+static int common(cn_job *j, const cJSON *root, const cJSON **fmt, cn_refusal *r) {
     int rc = get_bool(root, "stream", 1, &j->stream, r);
     if (rc) return rc;
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(root, "format");
-    if (f && !cJSON_IsNull(f) && !(cJSON_IsString(f) && !*f->valuestring))
-        return cn_refuse(r, 400, "format",
-                         "format is not supported yet: cairn cannot constrain output to JSON");
+    *fmt = NULL;
+    if (f && !cJSON_IsNull(f) && !(cJSON_IsString(f) && !*f->valuestring)) {
+        if (!(cJSON_IsString(f) && !strcmp(f->valuestring, "json")) && !cJSON_IsObject(f))
+            return cn_refuse(r, 400, "format", "format must be \"json\" or a JSON schema object");
+        *fmt = f;
+    }
     const cJSON *ka = cJSON_GetObjectItemCaseSensitive(root, "keep_alive");
     if (ka && !cJSON_IsNull(ka) && !cJSON_IsString(ka) && !cJSON_IsNumber(ka))
         return cn_refuse(r, 400, "keep_alive", "keep_alive must be a duration string or a number");
     return options(j, root, r);
+}
+
+/* Constrains the output as format asks; after the prompt is set. */
+static int apply_format(const cn_api_env *env, cn_job *j, const cJSON *fmt, cn_refusal *r) {
+    if (!fmt) return CN_OK;
+    return cn_req_json_constraint(env, j, cJSON_IsObject(fmt) ? fmt : NULL, "format", r);
 }
 
 static int chat_error(int rc, const cn_err *err, cn_refusal *r) {
@@ -111,14 +123,15 @@ int cn_ollama_chat_request(const cn_api_env *env, const char *body, size_t len, 
         rc = cn_refuse(r, 500, NULL, "out of memory");
         goto out;
     }
-    if ((rc = common(j, root, r))) goto out;
+    const cJSON *fmt;
+    if ((rc = common(j, root, &fmt, r))) goto out;
     cn_err err;
     cn_err_clear(&err);
     if ((rc = cn_chat_parse(&chat, body, len, &err))) {
         rc = chat_error(rc, &err, r);
         goto out;
     }
-    rc = cn_req_render_chat(env, j, &chat, r);
+    if (!(rc = cn_req_render_chat(env, j, &chat, r))) rc = apply_format(env, j, fmt, r);
 out:
     cn_chat_free(&chat);
     cJSON_Delete(root);
@@ -158,7 +171,8 @@ int cn_ollama_generate_request(const cn_api_env *env, const char *body, size_t l
         rc = cn_refuse(r, 500, NULL, "out of memory");
         goto out;
     }
-    if ((rc = common(j, root, r))) goto out;
+    const cJSON *fmt;
+    if ((rc = common(j, root, &fmt, r))) goto out;
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");
     const cJSON *sys = cJSON_GetObjectItemCaseSensitive(root, "system");
     if (p && !cJSON_IsNull(p) && !cJSON_IsString(p)) {
@@ -177,7 +191,7 @@ int cn_ollama_generate_request(const cn_api_env *env, const char *body, size_t l
             rc = cn_refuse(r, 400, "system", "system cannot be combined with raw");
             goto out;
         }
-        rc = cn_req_set_prompt(env, j, prompt, strlen(prompt), r);
+        if (!(rc = cn_req_set_prompt(env, j, prompt, strlen(prompt), r))) rc = apply_format(env, j, fmt, r);
         goto out;
     }
     /* Not raw: a one-turn chat through the model's template, as Ollama does. */
@@ -206,7 +220,7 @@ int cn_ollama_generate_request(const cn_api_env *env, const char *body, size_t l
         rc = chat_error(rc, &err, r);
         goto out;
     }
-    rc = cn_req_render_chat(env, j, &chat, r);
+    if (!(rc = cn_req_render_chat(env, j, &chat, r))) rc = apply_format(env, j, fmt, r);
 out:
     free(cj);
     cJSON_Delete(msgs);

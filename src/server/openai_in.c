@@ -3,10 +3,13 @@
  * Honoured: model, messages / prompt (a string or an array of one string), max_tokens /
  * max_completion_tokens, temperature, top_p, stop (up to 4), seed, presence_penalty,
  * frequency_penalty, n = 1, stream, stream_options.include_usage, tools, tool_choice ("auto",
- * "none"), chat_template_kwargs, and the common extensions top_k, min_p, repeat_penalty,
- * ignore_eos (vLLM's).
- * Refused by name: n > 1, logprobs, echo, suffix, best_of > 1, a required or named tool_choice,
- * and a response_format other than text. Defaults are OpenAI's: temperature 1, top_p 1, no top-k.
+ * "none": no tools in the prompt, "required" and {"type":"function","function":{"name"}}: the
+ * output is constrained to one call), response_format (text, json_object, json_schema: the
+ * output is constrained to JSON), chat_template_kwargs, and the common extensions top_k, min_p,
+ * repeat_penalty, ignore_eos (vLLM's). Constraints apply once thinking ends.
+ * Refused by name: n > 1, logprobs, echo, suffix, best_of > 1, a forced call together with a
+ * JSON response_format, and schema keywords the recogniser does not know. Defaults are OpenAI's:
+ * temperature 1, top_p 1, no top-k.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -86,24 +89,51 @@ int cn_openai_chat_request(const cn_api_env *env, const char *body, size_t len, 
     memset(&chat, 0, sizeof chat);
     int rc = begin(env, CN_API_OPENAI_CHAT, body, len, &root, &j, r);
     if (rc) goto out;
+    int json = 0; /* response_format asks for JSON: 1, with schema (NULL: any object) */
+    const cJSON *schema = NULL;
     const cJSON *rf = cJSON_GetObjectItemCaseSensitive(root, "response_format");
     if (rf && !cJSON_IsNull(rf)) {
         const cJSON *t = cJSON_GetObjectItemCaseSensitive(rf, "type");
-        if (!cJSON_IsObject(rf) || !cJSON_IsString(t) || strcmp(t->valuestring, "text")) {
+        if (!cJSON_IsObject(rf) || !cJSON_IsString(t)) {
+            rc = cn_refuse(r, 400, "response_format", "response_format must be an object with a type");
+            goto out;
+        }
+        if (!strcmp(t->valuestring, "json_object")) {
+            json = 1;
+        } else if (!strcmp(t->valuestring, "json_schema")) {
+            const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
+            schema = cJSON_IsObject(js) ? cJSON_GetObjectItemCaseSensitive(js, "schema") : NULL;
+            if (!cJSON_IsObject(schema)) {
+                rc = cn_refuse(r, 400, "response_format",
+                               "response_format.json_schema.schema must be a JSON schema object");
+                goto out;
+            }
+            json = 1;
+        } else if (strcmp(t->valuestring, "text")) {
             rc = cn_refuse(r, 400, "response_format",
-                           "response_format: only {\"type\": \"text\"} is supported");
+                           "response_format.type must be \"text\", \"json_object\" or \"json_schema\"");
             goto out;
         }
     }
-    int no_tools = 0;
+    int no_tools = 0, force = 0;
+    const char *only = NULL; /* the one function a call is forced to */
     const cJSON *tc = cJSON_GetObjectItemCaseSensitive(root, "tool_choice");
     if (tc && !cJSON_IsNull(tc)) {
+        const cJSON *fn = cJSON_IsObject(tc) ? cJSON_GetObjectItemCaseSensitive(tc, "function") : NULL;
+        const cJSON *nm = cJSON_IsObject(fn) ? cJSON_GetObjectItemCaseSensitive(fn, "name") : NULL;
         if (cJSON_IsString(tc) && !strcmp(tc->valuestring, "none")) no_tools = 1;
+        else if (cJSON_IsString(tc) && !strcmp(tc->valuestring, "required")) force = 1;
+        else if (cJSON_IsString(nm)) force = 1, only = nm->valuestring;
         else if (!cJSON_IsString(tc) || strcmp(tc->valuestring, "auto")) {
             rc = cn_refuse(r, 400, "tool_choice",
-                           "tool_choice: only \"auto\" and \"none\" are supported");
+                           "tool_choice must be \"auto\", \"none\", \"required\" or "
+                           "{\"type\": \"function\", \"function\": {\"name\": ...}}");
             goto out;
         }
+    }
+    if (force && json) {
+        rc = cn_refuse(r, 400, "tool_choice", "a forced tool call cannot also be JSON output (response_format)");
+        goto out;
     }
     cn_err err;
     cn_err_clear(&err);
@@ -116,7 +146,9 @@ int cn_openai_chat_request(const cn_api_env *env, const char *body, size_t len, 
         cJSON_Delete(chat.tools);
         chat.tools = NULL;
     }
-    rc = cn_req_render_chat(env, j, &chat, r);
+    if ((rc = cn_req_render_chat(env, j, &chat, r))) goto out;
+    if (json) rc = cn_req_json_constraint(env, j, schema, "response_format", r);
+    else if (force) rc = cn_req_tool_constraint(env, j, only, r);
 out:
     cn_chat_free(&chat);
     cJSON_Delete(root);

@@ -78,6 +78,29 @@ int cn_req_set_prompt(const cn_api_env *env, cn_job *j, const char *text, size_t
     return CN_OK;
 }
 
+int cn_req_json_constraint(const cn_api_env *env, cn_job *j, const cJSON *schema,
+                           const char *param, cn_refusal *r) {
+    cn_err err;
+    cn_err_clear(&err);
+    int rc = cn_constraint_json(&j->constraint, cn_text_token_bytes(env->text), schema,
+                                j->parse && j->thinking, &err);
+    if (rc == CN_ENOMEM) return cn_refuse(r, 500, NULL, "out of memory");
+    if (rc) return cn_refuse(r, 400, param, "%s: %s", param, err.msg);
+    return CN_OK;
+}
+
+int cn_req_tool_constraint(const cn_api_env *env, cn_job *j, const char *only, cn_refusal *r) {
+    if (!j->tools)
+        return cn_refuse(r, 400, "tool_choice", "tool_choice asks for a call, but no tools are offered");
+    cn_err err;
+    cn_err_clear(&err);
+    int rc = cn_constraint_tool(&j->constraint, cn_text_token_bytes(env->text), j->tools, only,
+                                j->parse && j->thinking, &err);
+    if (rc == CN_ENOMEM) return cn_refuse(r, 500, NULL, "out of memory");
+    if (rc) return cn_refuse(r, 400, "tool_choice", "tool_choice: %s", err.msg);
+    return CN_OK;
+}
+
 int cn_req_number(const cJSON *o, const char *key, double lo, double hi, double *v,
                   cn_refusal *r) {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);

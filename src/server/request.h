@@ -60,6 +60,12 @@ int cn_req_set_prompt(const cn_api_env *env, cn_job *j, const char *text, size_t
 struct cn_chat;
 int cn_req_render_chat(const cn_api_env *env, cn_job *j, const struct cn_chat *chat,
                        cn_refusal *r);
+/* Constrains the job's output to JSON (schema NULL: any object) or to one call of the job's tools
+ * (only NULL: any of them). Call after the prompt is set: with thinking on, the constraint starts
+ * once thinking ends. A schema cairn cannot hold to is refused (400) naming param and the keyword. */
+int cn_req_json_constraint(const cn_api_env *env, cn_job *j, const cJSON *schema,
+                           const char *param, cn_refusal *r);
+int cn_req_tool_constraint(const cn_api_env *env, cn_job *j, const char *only, cn_refusal *r);
 /* Reads a number member: absent/null leaves *v; a non-number or outside [lo, hi] refuses. */
 int cn_req_number(const cJSON *o, const char *key, double lo, double hi, double *v,
                   cn_refusal *r);

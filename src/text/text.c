@@ -16,6 +16,7 @@
 struct cn_text {
     cn_tokenizer *tok;
     const cn_renderer *renderer;
+    cn_token_bytes *bytes; /* every token's bytes, for constrained decoding */
 };
 
 /* Loads from dir/tokenizer.json (json NULL) or from json[0, len). */
@@ -32,7 +33,8 @@ static int open_text(cn_text **out, const char *dir, const char *json, size_t le
     char path[4096];
     snprintf(path, sizeof path, "%s/tokenizer.json", dir ? dir : "");
     int rc = json ? cn_tok_load_json(&t->tok, json, len, err) : cn_tok_load(&t->tok, path, err);
-    if (rc) {
+    if (rc || (rc = cn_token_bytes_build(&t->bytes, t->tok, err))) {
+        cn_tok_free(t->tok);
         free(t);
         return rc;
     }
@@ -52,11 +54,13 @@ int cn_text_open_json(cn_text **out, const char *tok_json, size_t len, const cha
 void cn_text_close(cn_text *t) {
     if (!t) return;
     cn_tok_free(t->tok);
+    cn_token_bytes_free(t->bytes);
     free(t);
 }
 
 const cn_renderer *cn_text_renderer(const cn_text *t) { return t->renderer; }
 const cn_tokenizer *cn_text_tokenizer(const cn_text *t) { return t->tok; }
+const cn_token_bytes *cn_text_token_bytes(const cn_text *t) { return t->bytes; }
 
 int cn_text_encode(const cn_text *t, const char *s, size_t n, int32_t **ids, int *n_ids,
                    cn_err *err) {

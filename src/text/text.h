@@ -18,6 +18,7 @@
 
 #include "base/error.h"
 #include "text/render.h"
+#include "text/token_bytes.h"
 #include "text/tokenizer.h"
 
 typedef struct cn_text cn_text; /* layout: text.c */
@@ -33,6 +34,8 @@ void cn_text_close(cn_text *t);
 const cn_renderer *cn_text_renderer(const cn_text *t);
 /* The tokenizer (owned by t). */
 const cn_tokenizer *cn_text_tokenizer(const cn_text *t);
+/* Every token's bytes (owned by t), built at open for constrained decoding (constraint.h). */
+const cn_token_bytes *cn_text_token_bytes(const cn_text *t);
 
 /* Tokenizes s[0, n) as a prompt (special tokens in the text are recognized, as the chat template
  * writes them; no BOS is added: the template has its own). *ids is malloc'd (caller frees).

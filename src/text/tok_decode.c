@@ -391,3 +391,69 @@ int cn_tok_decode(const cn_tokenizer *t, const int32_t *ids, size_t n, int flags
     *len = all.n;
     return CN_OK;
 }
+
+/* One token's own bytes, as the chain would emit them mid-stream: each stage's per-token rule
+ * (ByteLevel's alphabet, a <0xNN> byte, Metaspace's marker as a space, Replace's literal), and
+ * nothing that depends on neighbours (Metaspace's first-token strip, Strip, lossy UTF-8). */
+int cn_tok_token_bytes(const cn_tokenizer *t, int32_t id, char **bytes, size_t *n) {
+    *bytes = NULL;
+    *n = 0;
+    if (id < 0 || id >= t->n_ids || !t->str[id]) return CN_ERANGE;
+    tok_buf cur = {0}, nxt = {0};
+    if (tok_buf_put(&cur, t->str[id], t->len[id])) return CN_ENOMEM;
+    int rc = CN_OK;
+    for (int i = 0; i < t->n_dec && rc == CN_OK; i++) {
+        const tok_dec *d = &t->dec[i];
+        const char *s = cur.p ? cur.p : "";
+        size_t len = cur.n;
+        nxt.n = 0;
+        unsigned char b;
+        switch (d->kind) {
+        case TOK_DEC_BYTELEVEL: {
+            int all = 1;
+            for (size_t j = 0; j < len && all;) {
+                size_t k;
+                uint32_t cp = tok_utf8_get(s + j, len - j, &k);
+                if (cp >= 0x144 || t->bl_byte[cp] < 0) all = 0;
+                j += k;
+            }
+            for (size_t j = 0; j < len && rc == CN_OK;) {
+                size_t k = 1;
+                if (all) {
+                    uint32_t cp = tok_utf8_get(s + j, len - j, &k);
+                    rc = tok_buf_putc(&nxt, (char)t->bl_byte[cp]);
+                } else {
+                    rc = tok_buf_putc(&nxt, s[j]);
+                }
+                j += k;
+            }
+            break;
+        }
+        case TOK_DEC_BYTEFALLBACK:
+            rc = is_byte_token(s, len, &b) ? tok_buf_putc(&nxt, (char)b) : tok_buf_put(&nxt, s, len);
+            break;
+        case TOK_DEC_METASPACE:
+            for (size_t j = 0; j < len && rc == CN_OK;) {
+                size_t k;
+                uint32_t cp = tok_utf8_get(s + j, len - j, &k);
+                rc = cp == d->cp ? tok_buf_putc(&nxt, ' ') : tok_buf_put(&nxt, s + j, k);
+                j += k;
+            }
+            break;
+        case TOK_DEC_REPLACE: rc = per_token_replace(d, s, len, &nxt); break;
+        default: rc = tok_buf_put(&nxt, s, len); break; /* Fuse, Strip: nothing per token */
+        }
+        tok_buf sw = cur;
+        cur = nxt;
+        nxt = sw;
+    }
+    tok_buf_free(&nxt);
+    if (rc) {
+        tok_buf_free(&cur);
+        return rc;
+    }
+    if (!cur.p && tok_buf_put(&cur, "", 0)) return CN_ENOMEM;
+    *bytes = cur.p;
+    *n = cur.n;
+    return CN_OK;
+}

@@ -93,6 +93,11 @@ int32_t cn_tok_token_to_id(const cn_tokenizer *t, const char *token);
 const char *cn_tok_id_to_token(const cn_tokenizer *t, int32_t id);
 /* 1 if id is a special added token, else 0. */
 int cn_tok_is_special(const cn_tokenizer *t, int32_t id);
+/* The bytes one token adds in the middle of a decoded stream (ByteLevel bytes, a <0xNN> byte,
+ * Metaspace's marker as a space, Replace applied; never the neighbour-dependent rules), which may
+ * be an incomplete UTF-8 character. *bytes is malloc'd (caller frees). Returns 0, CN_ERANGE for
+ * an id outside the vocabulary, CN_ENOMEM. Constrained decoding masks tokens by these bytes. */
+int cn_tok_token_bytes(const cn_tokenizer *t, int32_t id, char **bytes, size_t *n);
 /* 1 if decode(encode(x)) == x for every valid UTF-8 x (no normalizer changes text, no unknown
  * token drops it, the decoder inverts the pre-tokenizer); a heuristic from the loaded kinds. */
 int cn_tok_is_lossless(const cn_tokenizer *t);

@@ -3,8 +3,9 @@
  * The tiny synthetic model answers gibberish, so these tests hold the structure: exit codes, what
  * goes to stdout and stderr, one answer per message, the conversation reusing the prefix cache
  * (--verbose's cached count), /clear, multi-line input, Ctrl-C at the prompt; and serve's --json
- * ready line and --quiet. Everything runs without a terminal (pipes and files): the terminal-only
- * extras (dimmed thinking, spinner, loading line) are not exercised here. */
+ * ready line and --quiet. Everything runs without a terminal (pipes and files) except the line
+ * editing, which runs on a pseudo-terminal; the other terminal-only extras (dimmed thinking,
+ * spinner, loading line) are not exercised here. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -12,6 +13,8 @@
 #include <cmocka.h>
 
 #include <cjson/cJSON.h>
+#include <poll.h>
+#include <pty.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -261,6 +264,65 @@ static void test_interrupt_at_prompt(void **st) {
     assert_int_equal(WEXITSTATUS(status), 0);
 }
 
+/* Reads what the pty says into buf (appending, NUL-terminated) until needle appears n times in
+ * it, or ms milliseconds pass. Returns 1 when it did. */
+static int pty_wait(int fd, char *buf, size_t cap, const char *needle, int n, int ms) {
+    size_t len = strlen(buf);
+    for (int t = 0; t < ms / 10; t++) {
+        int hits = 0;
+        for (const char *p = buf; (p = strstr(p, needle)); p++) hits++;
+        if (hits >= n) return 1;
+        struct pollfd pf = {fd, POLLIN, 0};
+        if (poll(&pf, 1, 10) > 0) {
+            ssize_t k = read(fd, buf + len, cap - 1 - len);
+            if (k <= 0) return 0;
+            len += (size_t)k;
+            buf[len] = '\0';
+        }
+    }
+    return 0;
+}
+
+/* On a terminal the prompt is libedit's: Up brings back earlier lines (history), Ctrl-A moves to
+ * the start of the line, and what was edited is what the chat runs. */
+static void test_line_editing_on_a_terminal(void **st) {
+    (void)st;
+    int fd;
+    pid_t pid = forkpty(&fd, NULL, NULL, NULL);
+    assert_true(pid >= 0);
+    char hist[700];
+    snprintf(hist, sizeof hist, "%s/.cairn/history", g_tmp);
+    unlink(hist);
+    if (pid == 0) {
+        setenv("TERM", "xterm", 1);
+        setenv("HOME", g_tmp, 1); /* the history file goes there */
+        execl(bin(), "cairn", "run", "--model", g_model, "--max-tokens", "4", (char *)NULL);
+        _exit(98);
+    }
+    static char buf[1 << 16];
+    buf[0] = '\0';
+    assert_true(pty_wait(fd, buf, sizeof buf, ">>> ", 1, 60000));
+    assert_int_equal(write(fd, "/think\r", 7), 7);
+    assert_true(pty_wait(fd, buf, sizeof buf, "Reasoning on.", 1, 60000));
+    assert_int_equal(write(fd, "/no_think\r", 10), 10);
+    assert_true(pty_wait(fd, buf, sizeof buf, "Reasoning off.", 1, 60000));
+    assert_int_equal(write(fd, "\x1b[A\x1b[A\r", 7), 7); /* Up, Up: /think again */
+    assert_true(pty_wait(fd, buf, sizeof buf, "Reasoning on.", 2, 60000));
+    assert_int_equal(write(fd, "bye\x01/\r", 6), 6); /* "bye", Ctrl-A, "/": /bye */
+    int status;
+    for (int t = 0; t < 6000 && waitpid(pid, &status, WNOHANG) == 0; t++) {
+        pty_wait(fd, buf, sizeof buf, "\x01never", 1, 10); /* keep the pty drained */
+    }
+    close(fd);
+    assert_true(WIFEXITED(status));
+    assert_int_equal(WEXITSTATUS(status), 0);
+    char *h = read_text(hist); /* the lines as run, kept for the next session */
+    assert_non_null(h);
+    assert_non_null(strstr(h, "/no_think"));
+    assert_non_null(strstr(h, "/bye"));
+    free(h);
+}
+
 /* Polls the file at path for needle, up to ms milliseconds. */
 static int wait_for(const char *path, const char *needle, int ms) {
     for (int i = 0; i < ms / 10; i++) {
@@ -421,6 +483,7 @@ int main(void) {
         cmocka_unit_test(test_clear),
         cmocka_unit_test(test_multiline_and_commands),
         cmocka_unit_test(test_interrupt_at_prompt),
+        cmocka_unit_test(test_line_editing_on_a_terminal),
         cmocka_unit_test(test_interrupt_answer),
         cmocka_unit_test(test_serve_json_quiet),
     };

@@ -16,6 +16,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
+
 #include "engine/engine.h"
 #include "model/state.h"
 #include "model/synth.h"
@@ -552,6 +554,67 @@ static void test_plain_requests_keep_draft_level(void **st) {
     env_close(&v);
 }
 
+/* A toy logits mask: even ids from 20 only; the output may end after 5 tokens and must after 12. */
+typedef struct toy_mask {
+    int taken;
+    int bad; /* a token the mask forbade was taken */
+} toy_mask;
+
+static int toy_apply(void *ctx, float *logits, int n_vocab) {
+    toy_mask *t = ctx;
+    if (t->taken >= 12) return CN_MASK_EOS_OK | CN_MASK_ONLY_EOS;
+    for (int i = 0; i < n_vocab; i++)
+        if (i < 20 || i % 2) logits[i] = -INFINITY;
+    return t->taken >= 5 ? CN_MASK_EOS_OK : 0;
+}
+
+static void toy_accept(void *ctx, int32_t tok) {
+    toy_mask *t = ctx;
+    t->taken++;
+    if (tok < 20 || tok % 2) t->bad = 1;
+}
+
+/* A masked request decodes plainly, takes only what the mask leaves, ends when it says so, and
+ * leaves the cache as any request does: a follow-up restores from it and equals a cold run. */
+static void test_masked_requests(void **st) {
+    (void)st;
+    env v;
+    env_open(&v, "nh-mtp-bf16", 7, 2);
+    int32_t p[30 + 12];
+    for (int i = 0; i < 30; i++) p[i] = rnd_token(v.V);
+    cn_result res[2];
+    for (int k = 0; k < 2; k++) {
+        toy_mask t = {0, 0};
+        cn_logit_mask m = {toy_apply, toy_accept, &t};
+        cn_request r = {.tokens = p, .n_tokens = 30, .max_tokens = 40, .mask = &m};
+        cn_sampler_params_default(&r.sampling);
+        r.sampling.temperature = k ? 0 : 0.7f;
+        r.sampling.seed = 9;
+        cn_engine *e = v.e;
+        for (int pass = 0; pass < 2; pass++, e = v.ref) {
+            t.taken = 0;
+            assert_int_equal(cn_engine_generate(e, &r, &res[pass]), 0);
+            assert_false(t.bad);
+            assert_int_equal(res[pass].draft_proposed, 0);
+            assert_true(res[pass].eval_count >= 5 && res[pass].eval_count <= 12);
+            assert_int_equal(res[pass].stop, CN_STOP_EOS);
+            for (int i = 0; i < res[pass].eval_count; i++)
+                assert_true(res[pass].tokens[i] >= 20 && res[pass].tokens[i] % 2 == 0);
+        }
+        check_rest(v.e);
+        assert_int_equal(res[0].eval_count, res[1].eval_count); /* speculation off: the same run */
+        assert_memory_equal(res[0].tokens, res[1].tokens, (size_t)res[0].eval_count * sizeof(int32_t));
+        int n = 30 + res[0].eval_count;
+        memcpy(p + 30, res[0].tokens, (size_t)res[0].eval_count * sizeof *p);
+        free(res[0].tokens);
+        free(res[1].tokens);
+        cn_result f = expect_same(&v, p, n, 6);
+        assert_true(f.cached_tokens >= 16); /* the prompt's restore points survived the masked run */
+        free(f.tokens);
+    }
+    env_close(&v);
+}
+
 /* Prompts of one and two tokens (no key, one key), and max_tokens 0 then a retry. */
 static void test_short_prompts(void **st) {
     (void)st;
@@ -586,6 +649,7 @@ int main(void) {
         cmocka_unit_test(test_greedy_penalties),
         cmocka_unit_test(test_plain_requests_keep_draft_level),
         cmocka_unit_test(test_short_prompts),
+        cmocka_unit_test(test_masked_requests),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -268,9 +268,16 @@ test('bad input: 400 JSON, fields, UTF-8; 404 model and path; 400 context; nothi
     (err) => err.status === 400 && /\d+ tokens, past the context of 4096/.test(err.message));
 });
 
-test('format json and unsupported tool_choice are refused by name', async () => {
-  await assert.rejects(ollama.chat({ model: MODEL, messages: chat1, format: 'json' }), (e) => e.status_code === 400 && /format/.test(e.message));
-  await assert.rejects(openai.chat.completions.create({ model: MODEL, messages: chat1, tool_choice: 'required',
+test('formats and tool choices cairn cannot hold to are refused by name', async () => {
+  await assert.rejects(ollama.chat({ model: MODEL, messages: chat1, format: 'xml' }), (e) => e.status_code === 400 && /format/.test(e.message));
+  await assert.rejects(ollama.chat({ model: MODEL, messages: chat1, format: { type: 'string', pattern: '^a+$' } }),
+    (e) => e.status_code === 400 && /pattern/.test(e.message));
+  await assert.rejects(openai.chat.completions.create({ model: MODEL, messages: chat1,
+    response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object', properties: { a: { $ref: '#' } } } } } }),
+  (e) => e.status === 400 && /\$ref/.test(e.message));
+  await assert.rejects(openai.chat.completions.create({ model: MODEL, messages: chat1, tool_choice: 'required' }),
+    (e) => e.status === 400 && /no tools/.test(e.message));
+  await assert.rejects(openai.chat.completions.create({ model: MODEL, messages: chat1, tool_choice: { type: 'function', function: { name: 'g' } },
     tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: {} } } }] }),
-  (e) => e.status === 400 && /tool_choice/.test(e.message));
+  (e) => e.status === 400 && /no tool named "g"/.test(e.message));
 });

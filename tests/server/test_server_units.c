@@ -113,15 +113,17 @@ static int teardown(void **st) {
 typedef int (*build_fn)(const cn_api_env *, const char *, size_t, cn_job **, cn_refusal *);
 
 /* Builds body with fn; returns the status (200 for a job) and frees the job. */
+static int g_ctx = 256; /* the context the builders see; the tool tests need room for the tools */
+
 static int status_of(build_fn fn, const char *body, const char *want_msg) {
-    cn_api_env env = {.model_name = "tiny", .text = g_text, .ctx = 256};
+    cn_api_env env = {.model_name = "tiny", .text = g_text, .ctx = g_ctx};
     cn_job *j = NULL;
     cn_refusal r;
     memset(&r, 0, sizeof r);
     int rc = fn(&env, body, strlen(body), &j, &r);
     if (!rc) {
         assert_non_null(j);
-        assert_true(j->n_prompt > 0 && j->max_tokens > 0 && j->n_prompt + j->max_tokens <= 256);
+        assert_true(j->n_prompt > 0 && j->max_tokens > 0 && j->n_prompt + j->max_tokens <= g_ctx);
         cn_job_unref(j);
         return 200;
     }
@@ -133,7 +135,7 @@ static int status_of(build_fn fn, const char *body, const char *want_msg) {
 static void test_builders(void **st) {
     (void)st;
     const char *msgs = "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]";
-    char b[512];
+    char b[1024];
     snprintf(b, sizeof b, "{\"model\":\"tiny\",%s}", msgs);
     assert_int_equal(status_of(cn_ollama_chat_request, b, NULL), 200);
     assert_int_equal(status_of(cn_openai_chat_request, b, NULL), 200);
@@ -174,8 +176,41 @@ static void test_builders(void **st) {
     assert_int_equal(status_of(cn_openai_chat_request, b, "at most 4"), 400);
     snprintf(b, sizeof b, "{\"model\":\"tiny\",%s,\"logprobs\":true}", msgs);
     assert_int_equal(status_of(cn_openai_chat_request, b, "logprobs"), 400);
+    /* structured output and forced calls: accepted, or refused naming what cannot be held to */
     snprintf(b, sizeof b, "{\"model\":\"tiny\",%s,\"response_format\":{\"type\":\"json_object\"}}", msgs);
-    assert_int_equal(status_of(cn_openai_chat_request, b, "response_format"), 400);
+    assert_int_equal(status_of(cn_openai_chat_request, b, NULL), 200);
+    snprintf(b, sizeof b, "{\"model\":\"tiny\",%s,\"response_format\":{\"type\":\"json_schema\","
+             "\"json_schema\":{\"name\":\"x\",\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"}}}}}}", msgs);
+    assert_int_equal(status_of(cn_openai_chat_request, b, NULL), 200);
+    snprintf(b, sizeof b, "{\"model\":\"tiny\",%s,\"response_format\":{\"type\":\"json_schema\","
+             "\"json_schema\":{\"name\":\"x\",\"schema\":{\"type\":\"string\",\"pattern\":\"a+\"}}}}", msgs);
+    assert_int_equal(status_of(cn_openai_chat_request, b, "pattern"), 400);
+    snprintf(b, sizeof b, "{\"model\":\"tiny\",%s,\"response_format\":{\"type\":\"json_schema\"}}", msgs);
+    assert_int_equal(status_of(cn_openai_chat_request, b, "json_schema.schema"), 400);
+    snprintf(b, sizeof b, "{\"model\":\"tiny\",%s,\"response_format\":{\"type\":\"yaml\"}}", msgs);
+    assert_int_equal(status_of(cn_openai_chat_request, b, "response_format.type"), 400);
+    snprintf(b, sizeof b, "{\"model\":\"tiny\",%s,\"format\":\"json\"}", msgs);
+    assert_int_equal(status_of(cn_ollama_chat_request, b, NULL), 200);
+    snprintf(b, sizeof b, "{\"model\":\"tiny\",%s,\"format\":\"xml\"}", msgs);
+    assert_int_equal(status_of(cn_ollama_chat_request, b, "format"), 400);
+    snprintf(b, sizeof b, "{\"model\":\"tiny\",%s,\"format\":{\"type\":\"object\",\"properties\":{\"a\":{\"$ref\":\"#\"}}}}", msgs);
+    assert_int_equal(status_of(cn_ollama_chat_request, b, "$ref"), 400);
+    assert_int_equal(status_of(cn_ollama_generate_request, "{\"model\":\"tiny\",\"prompt\":\"x\",\"format\":{\"type\":\"array\"}}", NULL), 200);
+    const char *tools = "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"integer\"}}}}}]";
+    g_ctx = 4096;
+    snprintf(b, sizeof b, "{\"model\":\"tiny\",%s,%s,\"tool_choice\":\"required\"}", msgs, tools);
+    assert_int_equal(status_of(cn_openai_chat_request, b, NULL), 200);
+    snprintf(b, sizeof b, "{\"model\":\"tiny\",%s,%s,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"f\"}}}", msgs, tools);
+    assert_int_equal(status_of(cn_openai_chat_request, b, NULL), 200);
+    snprintf(b, sizeof b, "{\"model\":\"tiny\",%s,%s,\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"g\"}}}", msgs, tools);
+    assert_int_equal(status_of(cn_openai_chat_request, b, "no tool named \"g\""), 400);
+    snprintf(b, sizeof b, "{\"model\":\"tiny\",%s,\"tool_choice\":\"required\"}", msgs);
+    assert_int_equal(status_of(cn_openai_chat_request, b, "no tools"), 400);
+    snprintf(b, sizeof b, "{\"model\":\"tiny\",%s,%s,\"tool_choice\":\"sometimes\"}", msgs, tools);
+    assert_int_equal(status_of(cn_openai_chat_request, b, "tool_choice"), 400);
+    snprintf(b, sizeof b, "{\"model\":\"tiny\",%s,%s,\"tool_choice\":\"required\",\"response_format\":{\"type\":\"json_object\"}}", msgs, tools);
+    assert_int_equal(status_of(cn_openai_chat_request, b, "forced tool call"), 400);
+    g_ctx = 256;
     assert_int_equal(status_of(cn_openai_completions_request, "{\"model\":\"tiny\",\"prompt\":\"x\",\"echo\":true}", "echo"), 400);
     assert_int_equal(status_of(cn_ollama_generate_request, "{\"model\":\"tiny\",\"prompt\":\"x\",\"images\":[\"AA==\"]}", "images"), 400);
     assert_int_equal(status_of(cn_ollama_generate_request, "{\"model\":\"tiny\",\"prompt\":\"x\",\"raw\":true,\"system\":\"s\"}", "raw"), 400);
