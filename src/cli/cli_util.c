@@ -241,6 +241,7 @@ int cn_cli_default_model(char *buf, size_t n) {
             }
         }
     }
-    snprintf(buf, n, "%s", CN_CLI_DEFAULT_MODEL);
+    fprintf(stderr, "cairn: no model: pass --model DIR or set CAIRN_MODEL (the default, "
+                    CN_CLI_DEFAULT_MODEL ", is neither here nor beside the cairn binary)\n");
     return CN_ENOENT;
 }

@@ -54,8 +54,7 @@ void cn_cli_close_model(cn_backend *b, cn_model *m);
  *   2. models/pebble under the current directory, when it holds a config.json;
  *   3. models/pebble beside the folder of the running binary (build/cairn -> ../models/pebble),
  *      so the repository's own binary finds it from any directory.
- * Returns 0 with buf set, or CN_ENOENT with buf holding "models/pebble" and nothing found: the
- * caller says where it looked. */
+ * Returns 0 with buf set, or CN_ENOENT after saying on stderr where it looked. */
 #define CN_CLI_DEFAULT_MODEL "models/pebble"
 int cn_cli_default_model(char *buf, size_t n);
 

@@ -138,11 +138,7 @@ int cn_cmd_serve(int argc, char **argv) {
     if (eo.ctx == 0) eo.ctx = 4096;
     char model_buf[4096];
     if (!model) {
-        if (cn_cli_default_model(model_buf, sizeof model_buf)) {
-            fprintf(stderr, "cairn: no model: pass --model DIR or set CAIRN_MODEL (the default, "
-                            CN_CLI_DEFAULT_MODEL ", is neither here nor beside the cairn binary)\n");
-            return 2;
-        }
+        if (cn_cli_default_model(model_buf, sizeof model_buf)) return 2;
         model = model_buf;
     }
     char name_buf[256];
