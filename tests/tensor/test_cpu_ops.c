@@ -271,6 +271,15 @@ static void test_matmul_simd_matches_scalar_and_threads_agree(void **state) {
             assert_int_equal(cn_op_matmul(bs[i], &y[i].t, &w.t, &x.t), CN_OK);
         }
         for (int i = 0; i < 6; i += 2) assert_true(views_equal(&y[i], &y[i + 1])); /* bit-identical */
+        /* decode's one-row matmul (the streaming path) gives each row exactly as prefill did */
+        for (int i = 0; i < 6; i += 2)
+            for (int64_t t = 0; t < T; t++) {
+                view y1 = view_make(1, N, 1);
+                cn_tensor x1 = cn_tensor_rows(&x.t, t, 1);
+                assert_int_equal(cn_op_matmul(bs[i], &y1.t, &w.t, &x1), CN_OK);
+                assert_memory_equal(at(&y1, 0, 0), at(&y[i], t, 0), (size_t)N * sizeof(float));
+                view_free(&y1);
+            }
         float *ys = view_get(&y[2]);
         double *yd = malloc((size_t)(T * N) * sizeof(double));
         for (int64_t i = 0; i < T * N; i++) yd[i] = ys[i];

@@ -347,22 +347,26 @@ A5_IN float a5_hsum(__m512 v) {
 A5_IN void a5_block(int dt, int R, int NR, const cpu_wmat *w, const float *const *xr,
                     float *const *yr, int64_t n) {
     const int64_t K = w->K, K16 = K & ~(int64_t)15;
-    const char *wr[4];
-    __m512 acc[CPU_MM_ROWS][4];
-#pragma GCC unroll 4
+    const int64_t esz = dt == CN_F32 ? 4 : dt == CN_F8_E4M3 ? 1 : 2;
+    const char *wr[8];
+    __m512 acc[CPU_MM_ROWS][8];
+#pragma GCC unroll 8
     for (int j = 0; j < NR; j++) wr[j] = w->data + (n + j) * w->stride;
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int j = 0; j < NR; j++) acc[r][j] = _mm512_setzero_ps();
     for (int64_t k = 0; k < K16; k += 16) {
-        __m512 wv[4];
-#pragma GCC unroll 4
-        for (int j = 0; j < NR; j++) wv[j] = a5_load(dt, wr[j], k);
+        __m512 wv[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; j++) {
+            if (R == 1) _mm_prefetch(wr[j] + k * esz + 1024, _MM_HINT_T0);
+            wv[j] = a5_load(dt, wr[j], k);
+        }
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             __m512 xv = _mm512_loadu_ps(xr[r] + k);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int j = 0; j < NR; j++) acc[r][j] = _mm512_fmadd_ps(wv[j], xv, acc[r][j]);
         }
     }
@@ -391,6 +395,7 @@ A5_IN void a5_tile_dt(int dt, const cpu_wmat *w, const float *const *xr, float *
         for (; n < n1; n++) a5_block(dt, 2, 1, w, xr, yr, n);
         break;
     default:
+        for (; n + 8 <= n1; n += 8) a5_block(dt, 1, 8, w, xr, yr, n);
         for (; n + 4 <= n1; n += 4) a5_block(dt, 1, 4, w, xr, yr, n);
         for (; n < n1; n++) a5_block(dt, 1, 1, w, xr, yr, n);
         break;

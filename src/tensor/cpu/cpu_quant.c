@@ -333,6 +333,7 @@ A5Q_IN void a5_nvfp4_chunk(int R, int NR, const uint8_t *const *wr, const __m512
     __m512 ws[4];
 #pragma GCC unroll 4
     for (int j = 0; j < NR; j++) {
+        if (R == 1) _mm_prefetch((const char *)wr[j] + k / 2 + 512, _MM_HINT_T0);
         wu[j] = a5_fp4_unpack(wr[j] + k / 2, wm);
         ws[j] = _mm512_permutexvar_ps(sidx, sf[j]);
     }
