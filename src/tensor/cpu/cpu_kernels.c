@@ -122,6 +122,7 @@ void cpu_kernels_scalar(cpu_kernels *k) {
     k->dot_w = sc_dot;
     k->axpy_w = sc_axpy;
     k->ssm_row = sc_ssm_row;
+    k->att_heads = NULL;
     cpu_quant_kernels_scalar(k);
 }
 
@@ -307,6 +308,7 @@ void cpu_kernels_avx2(cpu_kernels *k) {
     k->dot_w = a2_dot;
     k->axpy_w = a2_axpy;
     k->ssm_row = a2_ssm_row;
+    k->att_heads = NULL;
     cpu_quant_kernels_avx2(k);
 }
 
@@ -453,6 +455,7 @@ void cpu_kernels_avx512(cpu_kernels *k, int vnni) {
     cpu_kernels_avx2(k);
     k->mm_tile = a5_tile;
     k->ssm_row = a5_ssm_row;
+    k->att_heads = cpu_att_heads_avx512;
     cpu_quant_kernels_avx512(k, vnni);
 }
 
