@@ -322,6 +322,8 @@ AT_IN __m512 at_exp(__m512 x) {
  * registers. Lane h of every vector below is query head h; lanes >= hb see q = 0. */
 AT_IN void at_heads(const cpu_att_args *a, int HB) {
     const int64_t Dh = a->Dh, DP = (Dh + 15) & ~(int64_t)15;
+    const int64_t rk = Dh * (int64_t)cn_dtype_size(a->kdt), rv = Dh * (int64_t)cn_dtype_size(a->vdt);
+    const int64_t rmax = rk > rv ? rk : rv;
     _Alignas(64) float qT[CPU_ATT_DMAX][CPU_ATT_HB]; /* q transposed, scale folded in */
     _Alignas(64) float kf[ATT_VK][CPU_ATT_DMAX];
     _Alignas(64) float vf[ATT_VK][CPU_ATT_DMAX];
@@ -336,6 +338,11 @@ AT_IN void at_heads(const cpu_att_args *a, int HB) {
     for (int64_t s = a->s0; s < a->s1; s += ATT_VK) {
         const int nk = a->s1 - s < ATT_VK ? (int)(a->s1 - s) : ATT_VK;
         for (int i = 0; i < nk; i++) {
+            if (s + i + 2 * ATT_VK < a->s1) /* rows two steps ahead: the stride defeats prefetchers */
+                for (int64_t b = 0; b < rmax; b += 64) {
+                    _mm_prefetch(a->k0 + (s + i + 2 * ATT_VK) * a->k_stride + b, _MM_HINT_T0);
+                    _mm_prefetch(a->v0 + (s + i + 2 * ATT_VK) * a->v_stride + b, _MM_HINT_T0);
+                }
             at_row(a->kdt, a->k0 + (s + i) * a->k_stride, Dh, DP, a->kscale, kf[i]);
             at_row(a->vdt, a->v0 + (s + i) * a->v_stride, Dh, DP, a->vscale, vf[i]);
         }
