@@ -477,6 +477,7 @@ A5_IN void a5_mxfp8_block(int R, int NR, const cpu_wmat *w, const float *const *
         __m512 wv[4][2];
 #pragma GCC unroll 4
         for (int j = 0; j < NR; j++) {
+            if (R == 1) _mm_prefetch((const char *)wr[j] + k + 1024, _MM_HINT_T0);
             const __m512 s = _mm512_set1_ps(256.0f * w->lut8[sr[j][k / 32]]);
             wv[j][0] = _mm512_mul_ps(a5_e4m3_div256(wr[j] + k), s);
             wv[j][1] = _mm512_mul_ps(a5_e4m3_div256(wr[j] + k + 16), s);
