@@ -294,6 +294,39 @@ static void test_matmul_simd_matches_scalar_and_threads_agree(void **state) {
     for (int i = 0; i < 6; i++) cn_backend_free(bs[i]);
 }
 
+/* Every E4M3 code through each ISA's decoding, exactly: one-hot rows of x pick single weights. */
+static void test_matmul_f8_every_code(void **state) {
+    (void)state;
+    const int64_t K = 256, N = 2;
+    uint8_t wb[2 * 256];
+    for (int k = 0; k < K; k++) {
+        uint8_t c = (uint8_t)k;
+        if ((c & 0x7f) == 0x7f) c = 0; /* NaN codes: weights never hold them */
+        wb[k] = c;
+        wb[K + (K - 1 - k)] = c;
+    }
+    cn_tensor w = cn_tensor_2d(CN_F8_E4M3, N, K, wb);
+    w.scale = 0.75f;
+    float *xb = calloc((size_t)(K * K), sizeof(float)), *yb = malloc((size_t)(K * N) * sizeof(float));
+    assert_true(xb && yb);
+    for (int64_t t = 0; t < K; t++) xb[t * K + t] = 1.0f;
+    cn_tensor x = cn_tensor_2d(CN_F32, K, K, xb), y = cn_tensor_2d(CN_F32, K, N, yb);
+    for (int isa = 0; isa < N_ISA; isa++) {
+        cn_backend *b = backend(1, isa);
+        for (int64_t T = 1; T <= K; T += K - 1) { /* a decode row alone, then all rows */
+            cn_tensor xs = cn_tensor_rows(&x, 0, T), ys = cn_tensor_rows(&y, 0, T);
+            assert_int_equal(cn_op_matmul(b, &ys, &w, &xs), CN_OK);
+            for (int64_t t = 0; t < T; t++) {
+                assert_true(yb[t * N] == cn_e4m3_to_f32(wb[t]) * 0.75f);
+                assert_true(yb[t * N + 1] == cn_e4m3_to_f32(wb[K + t]) * 0.75f);
+            }
+        }
+        cn_backend_free(b);
+    }
+    free(xb);
+    free(yb);
+}
+
 static void test_matmul_unsupported_weight(void **state) {
     (void)state;
     cn_backend *b = backend(1, ISA_BEST);
@@ -1130,6 +1163,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul_all_dtypes_and_odd_sizes),
         cmocka_unit_test(test_matmul_simd_matches_scalar_and_threads_agree),
+        cmocka_unit_test(test_matmul_f8_every_code),
         cmocka_unit_test(test_matmul_unsupported_weight),
         cmocka_unit_test(test_matmul_gather),
         cmocka_unit_test(test_matmul_gather_threads_agree_and_bad_ids),

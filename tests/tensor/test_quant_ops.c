@@ -176,7 +176,7 @@ static qweight qweight_rand(rng *r, cn_dtype dt, int64_t N, int64_t K, float g) 
                 sc = u == 0 ? 0 : u == 1 ? (uint8_t)(1 + rng_next(r) % 7) /* subnormal */
                                          : (uint8_t)(0x28 + rng_next(r) % 48);
             } else {
-                sc = (uint8_t)(112 + rng_next(r) % 24); /* 2^-15 .. 2^8 */
+                sc = (uint8_t)(112 + rng_next(r) % 32); /* 2^-15 .. 2^16 (past 2^7 too) */
             }
             srow[b] = sc;
             double s = fp4 ? (double)cn_e4m3_to_f32(sc) * g : (double)cn_e8m0_to_f32(sc);

@@ -158,4 +158,18 @@ int cpu_silu(cn_backend *b, cn_tensor *y, const cn_tensor *x);
 int cpu_relu2(cn_backend *b, cn_tensor *y, const cn_tensor *x);
 int cpu_scale(cn_backend *b, cn_tensor *y, const cn_tensor *x, float s);
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+/* 16 E4M3 codes -> fp32 of value * 2^-120, exactly: the sign-extended code << 20 puts the sign in
+ * bit 31 and E4M3's exponent and mantissa in the low bits of fp32's (same field order; the bias
+ * 127 against 7 is the 2^-120, and E4M3 subnormals land on fp32 subnormals of the same ratio);
+ * the mask clears bits 27..30. */
+static inline __attribute__((always_inline, target("avx512f"))) __m512
+cpu_a5_e4m3_x2m120(const uint8_t *p) {
+    __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm512_castsi512_ps(
+        _mm512_and_si512(_mm512_slli_epi32(v, 20), _mm512_set1_epi32((int)0x87f00000u)));
+}
+#endif
+
 #endif
