@@ -6,6 +6,12 @@
  * the table at run time). Weight values are decoded exactly (bf16/f16/e4m3 -> f32 is lossless), so
  * SIMD and scalar differ only by the order of the fp32 additions.
  *
+ * Decode (one x row) is a stream of weight bytes: the AVX-512 one-row tile runs 8 weight rows side
+ * by side (8 independent accumulators) and prefetches each row 1 KiB ahead, because the hardware
+ * prefetchers stop at 4 KiB pages and 8 interleaved row streams outrun them; measured on this
+ * machine (lm_head-shaped 131072 x 2688 BF16, one thread, GB of weights per CPU-second, loaded
+ * machine): 14 before, 21 after.
+ *
  * Invariants:
  *  (1) Inside one ISA, mm_tile computes an output with one vector accumulator walking k upward,
  *      then a fixed horizontal sum, then the scalar tail k >= K - K % lanes in order, then * scale.
