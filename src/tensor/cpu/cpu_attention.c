@@ -5,6 +5,8 @@
  * weighted values in fp32 straight into out (scores of one chunk live on the stack). Keys and values may be F32, BF16, F16 or F8_E4M3 rows (a compact KV cache).
  * Work is split over (query, kv head, block of query heads): the heads of one block share each
  * key/value row while it is in cache. Results do not depend on the thread count.
+ * The sliding-window form runs the same loop over the positions of the window, reading a
+ * position's row from the ring (p % W) or from the new rows (p >= n_past).
  */
 #include <math.h>
 #include <string.h>
@@ -19,17 +21,32 @@ typedef struct att_job {
     const cpu_ctx *c;
     const cn_tensor *out, *q, *kc, *vc;
     cpu_wmat km, vm; /* row views of the caches, K = head_dim */
+    cpu_wmat nkm, nvm; /* window form: views of the new rows (positions n_past..) */
+    int window;        /* 0: plain causal attention over km/vm; W: the ring form */
     int n_past, n_kv, group, n_sub;
     int64_t Dh;
     float scale;
 } att_job;
 
+/* Bytes of one kv head in a row of m. */
+static inline int64_t kw_of(const cpu_wmat *m, int64_t Dh) { return Dh * (int64_t)cn_dtype_size(m->dtype); }
+
+/* The matrix and row of position p: the cache row p, or in the ring form the ring row p % W for
+ * positions before n_past and new row p - n_past after. */
+static inline const char *att_row(const att_job *j, const cpu_wmat *cache, const cpu_wmat *fresh,
+                                  int64_t p, const cpu_wmat **which) {
+    if (j->window && p >= j->n_past) {
+        *which = fresh;
+        return fresh->data + (p - j->n_past) * fresh->stride;
+    }
+    *which = cache;
+    return cache->data + (j->window ? p % j->window : p) * cache->stride;
+}
+
 static void att_task(void *arg, int begin, int end) {
     const att_job *j = arg;
     const cpu_kernels *kern = &j->c->kern;
     const int64_t Dh = j->Dh;
-    const int64_t kw = Dh * (int64_t)cn_dtype_size(j->kc->dtype); /* bytes of one kv head */
-    const int64_t vw = Dh * (int64_t)cn_dtype_size(j->vc->dtype);
     float p[ATT_HB][ATT_KB]; /* scores, then probabilities, of one chunk of keys */
     for (int i = begin; i < end; i++) {
         int per_t = j->n_kv * j->n_sub;
@@ -46,12 +63,14 @@ static void att_task(void *arg, int begin, int end) {
         }
         memset(orow, 0, (size_t)(hb * Dh) * sizeof(float));
         const int64_t n_keys = (int64_t)j->n_past + t + 1; /* causal: positions 0..n_past+t */
-        for (int64_t s0 = 0; s0 < n_keys; s0 += ATT_KB) {
+        const int64_t first = j->window && n_keys > j->window ? n_keys - j->window : 0;
+        for (int64_t s0 = first; s0 < n_keys; s0 += ATT_KB) {
             const int nk = n_keys - s0 < ATT_KB ? (int)(n_keys - s0) : ATT_KB;
             for (int s = 0; s < nk; s++) {
-                const char *krow = j->km.data + (s0 + s) * j->km.stride + kvh * kw;
+                const cpu_wmat *km;
+                const char *krow = att_row(j, &j->km, &j->nkm, s0 + s, &km) + kvh * kw_of(km, Dh);
                 for (int h = 0; h < hb; h++)
-                    p[h][s] = kern->dot_w(&j->km, krow, qrow + h * Dh) * j->scale;
+                    p[h][s] = kern->dot_w(km, krow, qrow + h * Dh) * j->scale;
             }
             for (int h = 0; h < hb; h++) {
                 float cm = m[h];
@@ -67,8 +86,9 @@ static void att_task(void *arg, int begin, int end) {
                 l[h] += sum;
             }
             for (int s = 0; s < nk; s++) {
-                const char *vrow = j->vm.data + (s0 + s) * j->vm.stride + kvh * vw;
-                for (int h = 0; h < hb; h++) kern->axpy_w(&j->vm, p[h][s], vrow, orow + h * Dh);
+                const cpu_wmat *vm;
+                const char *vrow = att_row(j, &j->vm, &j->nvm, s0 + s, &vm) + kvh * kw_of(vm, Dh);
+                for (int h = 0; h < hb; h++) kern->axpy_w(vm, p[h][s], vrow, orow + h * Dh);
             }
         }
         for (int h = 0; h < hb; h++) {
@@ -100,6 +120,26 @@ int cpu_attention(cn_backend *b, cn_tensor *out, const cn_tensor *q, const cn_te
     j.km = cache_view(c, kc, Dh);
     j.vm = cache_view(c, vc, Dh);
     int64_t work = T * n_heads * (n_past + T) * Dh * 4;
+    cpu_parallel(c, (int)T * n_kv_heads * j.n_sub, work, att_task, &j);
+    return CN_OK;
+}
+
+int cpu_attention_window(cn_backend *b, cn_tensor *out, const cn_tensor *q, const cn_tensor *k_new,
+                         const cn_tensor *v_new, const cn_tensor *ring_k, const cn_tensor *ring_v,
+                         int n_past, int window, int n_heads, int n_kv_heads, float scale) {
+    cpu_ctx *c = cpu_ctx_of(b);
+    if (!cache_dtype_ok(ring_k->dtype) || !cache_dtype_ok(ring_v->dtype)) return CN_EUNSUPPORTED;
+    const int64_t T = q->shape[0], Dh = q->shape[1] / n_heads;
+    att_job j = {.c = c, .out = out, .q = q, .kc = ring_k, .vc = ring_v, .n_past = n_past,
+                 .window = window, .n_kv = n_kv_heads, .group = n_heads / n_kv_heads, .Dh = Dh,
+                 .scale = scale};
+    j.n_sub = (j.group + ATT_HB - 1) / ATT_HB;
+    j.km = cache_view(c, ring_k, Dh);
+    j.vm = cache_view(c, ring_v, Dh);
+    j.nkm = cache_view(c, k_new, Dh);
+    j.nvm = cache_view(c, v_new, Dh);
+    int64_t keys = n_past + T < window ? n_past + T : window;
+    int64_t work = T * n_heads * keys * Dh * 4;
     cpu_parallel(c, (int)T * n_kv_heads * j.n_sub, work, att_task, &j);
     return CN_OK;
 }
