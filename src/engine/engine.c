@@ -287,6 +287,7 @@ int cn_engine_generate(cn_engine *e, const cn_request *r, cn_result *res) {
         if (e->spec && (rc = cn_spec_flush(e->spec))) goto close; /* level at every chunk's end */
         res->prompt_eval_count += end - pos;
         pos = end;
+        if (pos < n) cn_pc_evict_step(&e->pc, 1); /* what closes left over budget, a node at a time */
         if (r->on_progress) r->on_progress(r->ctx, pos, n);
         if (pos < n && r->cancel && r->cancel(r->ctx)) {
             rc = CN_ECANCELED;
@@ -354,3 +355,5 @@ out:
     cn_sampler_free(&smp);
     return rc;
 }
+
+int cn_engine_maintain(cn_engine *e, int max_nodes) { return cn_pc_evict_step(&e->pc, max_nodes); }

@@ -112,4 +112,8 @@ void cn_engine_close(cn_engine *e);
  * parameters), or a backend error; in every case the cache was closed properly. */
 int cn_engine_generate(cn_engine *e, const cn_request *r, cn_result *res);
 
+/* Between requests (the server when its queue is empty): at most max_nodes of the eviction work
+ * earlier closes left (cn_pc_evict_step). Returns 1 while work remains. */
+int cn_engine_maintain(cn_engine *e, int max_nodes);
+
 #endif

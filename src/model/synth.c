@@ -507,7 +507,6 @@ static cJSON *config_json(const synth_model *m) {
     cJSON_AddNumberToObject(c, "hidden_size", h->hidden);
     cJSON_AddNumberToObject(c, "num_hidden_layers", m->n_layers);
     cJSON_AddStringToObject(c, "hybrid_override_pattern", m->pattern);
-    if (m->window) cJSON_AddNumberToObject(c, "sliding_window", m->window);
     cJSON_AddNumberToObject(c, "max_position_embeddings", h->max_pos);
     cJSON_AddBoolToObject(c, "tie_word_embeddings", 0);
     cJSON_AddNumberToObject(c, "layer_norm_epsilon", 1e-5);
@@ -520,7 +519,8 @@ static cJSON *config_json(const synth_model *m) {
     cJSON_AddNumberToObject(c, "head_dim", h->head_dim);
     cJSON_AddBoolToObject(c, "attention_bias", 0);
     cJSON_AddNumberToObject(c, "attention_dropout", 0.0);
-    cJSON_AddNullToObject(c, "sliding_window");
+    if (m->window) cJSON_AddNumberToObject(c, "sliding_window", m->window); /* the 'S' layers' W */
+    else cJSON_AddNullToObject(c, "sliding_window");
     /* Mamba2 */
     cJSON_AddNumberToObject(c, "mamba_num_heads", h->m_heads);
     cJSON_AddNumberToObject(c, "mamba_head_dim", h->m_head_dim);
