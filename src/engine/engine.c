@@ -274,12 +274,15 @@ int cn_engine_generate(cn_engine *e, const cn_request *r, cn_result *res) {
         if (rc) goto close;
     }
 
-    /* PREFILL: forwards end at chunk boundaries and at restore points (cancellation points). */
+    /* PREFILL: forwards end at chunk boundaries and at the spacing's restore points (the
+     * cancellation points). The others (the branch point, the one before the prompt's end) are
+     * captured inside a forward: cutting there would cost a pass over the weights for a few
+     * tokens and buy no cancellation point worth having. */
     int pos = sess.restored;
     while (pos < n) {
         int end = pos + e->o.chunk < n ? pos + e->o.chunk : n;
         for (int i = 0; i < sess.n_sched; i++)
-            if (sess.sched[i] > pos && sess.sched[i] < end) {
+            if (sess.sched[i] > pos && sess.sched[i] < end && sess.sched[i] % e->pc.o.spacing == 0) {
                 end = sess.sched[i];
                 break;
             }

@@ -15,7 +15,8 @@
  *
  * The engine owns the model's live state and prefix cache, built once at open and reused by
  * every request. A cancel callback is polled between forwards (every `chunk` tokens and at every
- * restore point), so a cancel is honoured within one chunk's time and everything the prefill
+ * restore point of the spacing; the branch point and the one before the prompt's end are
+ * captured inside a forward), so a cancel is honoured within one chunk's time and everything the prefill
  * absorbed stays in the cache for the retry. Every generated token is recorded before it is
  * handed to on_token. One request at a time per engine.
  */

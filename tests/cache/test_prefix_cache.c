@@ -405,6 +405,35 @@ static void test_eviction_in_steps(void **st) {
     env_close(&v);
 }
 
+/* Forwards end at chunk boundaries and at the spacing's restore points only (the cancellation
+ * points, where the cancel callback is polled); the branch point and the point before the
+ * prompt's end are captured inside a forward, and still restore exactly. */
+static void test_captures_inside_forwards(void **st) {
+    (void)st;
+    env v;
+    env_open(&v, "nh-mix-f32", 16, 100, 1 << 30);
+    int32_t x[50], y[50], z[50];
+    for (int i = 0; i < 50; i++) x[i] = rnd_token(v.V);
+    memcpy(y, x, sizeof y);
+    for (int i = 21; i < 50; i++) y[i] = rnd_token(v.V);
+    y[21] = x[21] == 60 ? 61 : 60;
+    memcpy(z, y, sizeof z);
+    for (int i = 30; i < 50; i++) z[i] = rnd_token(v.V);
+    z[30] = y[30] == 70 ? 71 : 70;
+    cn_result r = turn(&v, x, 50, 1, 0);
+    free(r.tokens);
+    /* polled after 16, 32, 48, not at 46 (the pre-end point); then once for the token */
+    assert_int_equal(v.polls, 3 + 1);
+    r = turn(&v, y, 45, 1, 16);   /* diverges at 21: the branch point is captured at 21 */
+    free(r.tokens);
+    assert_int_equal(v.polls, 1 + 1); /* after 32; not at 41 (y's pre-end point) */
+    r = turn(&v, z, 50, 1, 21);   /* shares y's first 30: restores at the branch point */
+    free(r.tokens);
+    r = turn(&v, y, 45, 1, 41);   /* y's pre-end point, captured inside its last forward */
+    free(r.tokens);
+    env_close(&v);
+}
+
 /* LRU: a request touches only the nodes it used. */
 static void test_lru_touches_used_only(void **st) {
     (void)st;
@@ -725,6 +754,7 @@ int main(void) {
         cmocka_unit_test(test_cancel_and_retry),   cmocka_unit_test(test_branches_alternate),
         cmocka_unit_test(test_eviction),           cmocka_unit_test(test_lru_touches_used_only),
         cmocka_unit_test(test_eviction_in_steps),
+        cmocka_unit_test(test_captures_inside_forwards),
         cmocka_unit_test(test_kind_attention_only), cmocka_unit_test(test_kind_recurrent_only),
         cmocka_unit_test(test_kind_mixed),
         cmocka_unit_test(test_kind_window_wraps),
