@@ -883,6 +883,7 @@ static void test_attention_window(void **state) {
         check_attention_window(b, &r, CN_F32, 20, 9, 6, 2, 1, 8, NULL);    /* T > W after a wrap */
         check_attention_window(b, &r, CN_BF16, 4, 11, 8, 4, 1, 33, NULL);  /* bf16 ring, MQA */
         check_attention_window(b, &r, CN_F32, 3, 300, 200, 2, 1, 8, NULL); /* several key chunks */
+        check_attention_window(b, &r, CN_F32, 150, 50, 140, 2, 1, 8, NULL); /* ...of new rows too */
         /* a window wider than everything: plain causal attention */
         check_attention_window(b, &r, CN_F32, 5, 7, 64, 4, 2, 19, NULL);
         /* shapes that do not fit are refused */

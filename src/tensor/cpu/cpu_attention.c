@@ -5,8 +5,9 @@
  * weighted values in fp32 straight into out (scores of one chunk live on the stack). Keys and values may be F32, BF16, F16 or F8_E4M3 rows (a compact KV cache).
  * Work is split over (query, kv head, block of query heads): the heads of one block share each
  * key/value row while it is in cache. Results do not depend on the thread count.
- * The sliding-window form runs the same loop over the positions of the window, reading a
- * position's row from the ring (p % W) or from the new rows (p >= n_past).
+ * The sliding-window form runs the same loop over the positions of the window, its chunks also
+ * cut where the rows stop being contiguous: at the ring's wrap and where the new rows (positions
+ * >= n_past, passed apart from the ring) begin.
  */
 #include <math.h>
 #include <string.h>
@@ -28,19 +29,26 @@ typedef struct att_job {
     float scale;
 } att_job;
 
-/* Bytes of one kv head in a row of m. */
-static inline int64_t kw_of(const cpu_wmat *m, int64_t Dh) { return Dh * (int64_t)cn_dtype_size(m->dtype); }
-
-/* The matrix and row of position p: the cache row p, or in the ring form the ring row p % W for
- * positions before n_past and new row p - n_past after. */
-static inline const char *att_row(const att_job *j, const cpu_wmat *cache, const cpu_wmat *fresh,
-                                  int64_t p, const cpu_wmat **which) {
-    if (j->window && p >= j->n_past) {
-        *which = fresh;
-        return fresh->data + (p - j->n_past) * fresh->stride;
+/* The run of keys from position s0 (at most max of them) that sits in one contiguous stretch of
+ * rows: the cache rows from s0, or in the ring form ring rows up to the wrap or to n_past, or the
+ * new rows. Sets the matrices and the first rows; returns the run's length. */
+static inline int att_run(const att_job *j, int64_t s0, int max, const cpu_wmat **km,
+                          const cpu_wmat **vm, const char **k0, const char **v0) {
+    int64_t r = s0, n = max;
+    *km = &j->km;
+    *vm = &j->vm;
+    if (j->window && s0 >= j->n_past) {
+        *km = &j->nkm;
+        *vm = &j->nvm;
+        r = s0 - j->n_past;
+    } else if (j->window) {
+        r = s0 % j->window;
+        if (n > j->n_past - s0) n = j->n_past - s0;
+        if (n > j->window - r) n = j->window - r;
     }
-    *which = cache;
-    return cache->data + (j->window ? p % j->window : p) * cache->stride;
+    *k0 = (*km)->data + r * (*km)->stride;
+    *v0 = (*vm)->data + r * (*vm)->stride;
+    return (int)n;
 }
 
 static void att_task(void *arg, int begin, int end) {
@@ -64,11 +72,15 @@ static void att_task(void *arg, int begin, int end) {
         memset(orow, 0, (size_t)(hb * Dh) * sizeof(float));
         const int64_t n_keys = (int64_t)j->n_past + t + 1; /* causal: positions 0..n_past+t */
         const int64_t first = j->window && n_keys > j->window ? n_keys - j->window : 0;
-        for (int64_t s0 = first; s0 < n_keys; s0 += ATT_KB) {
-            const int nk = n_keys - s0 < ATT_KB ? (int)(n_keys - s0) : ATT_KB;
+        for (int64_t s0 = first; s0 < n_keys;) {
+            const cpu_wmat *km, *vm;
+            const char *k0, *v0;
+            const int nk = att_run(j, s0, n_keys - s0 < ATT_KB ? (int)(n_keys - s0) : ATT_KB, &km,
+                                   &vm, &k0, &v0);
+            const int64_t kw = Dh * (int64_t)cn_dtype_size(km->dtype); /* bytes of one kv head */
+            const int64_t vw = Dh * (int64_t)cn_dtype_size(vm->dtype);
             for (int s = 0; s < nk; s++) {
-                const cpu_wmat *km;
-                const char *krow = att_row(j, &j->km, &j->nkm, s0 + s, &km) + kvh * kw_of(km, Dh);
+                const char *krow = k0 + s * km->stride + kvh * kw;
                 for (int h = 0; h < hb; h++)
                     p[h][s] = kern->dot_w(km, krow, qrow + h * Dh) * j->scale;
             }
@@ -86,10 +98,10 @@ static void att_task(void *arg, int begin, int end) {
                 l[h] += sum;
             }
             for (int s = 0; s < nk; s++) {
-                const cpu_wmat *vm;
-                const char *vrow = att_row(j, &j->vm, &j->nvm, s0 + s, &vm) + kvh * kw_of(vm, Dh);
+                const char *vrow = v0 + s * vm->stride + kvh * vw;
                 for (int h = 0; h < hb; h++) kern->axpy_w(vm, p[h][s], vrow, orow + h * Dh);
             }
+            s0 += nk;
         }
         for (int h = 0; h < hb; h++) {
             float inv = (float)(1.0 / l[h]);
