@@ -741,6 +741,20 @@ static void test_pairs_window(void **st) {
     free(r.tokens);
     r = turn(&v, x, 50, 3, 48);
     free(r.tokens);
+    /* speculative decoding far past the window (verify rounds restore windows from captures)
+     * gives the tokens plain decoding gives */
+    v.ignore_eos = 1;
+    cn_result spec = turn(&v, y, 50, 40, -1);
+    cn_request pr = {.tokens = y, .n_tokens = 50, .max_tokens = 40, .ignore_eos = 1, .no_speculate = 1};
+    cn_sampler_params_default(&pr.sampling);
+    pr.sampling.temperature = 0;
+    cn_result plain;
+    assert_int_equal(cn_engine_generate(v.e, &pr, &plain), 0);
+    assert_true(spec.draft_proposed > 0);
+    assert_int_equal(plain.eval_count, 40);
+    assert_memory_equal(spec.tokens, plain.tokens, 40 * sizeof(int32_t));
+    free(spec.tokens);
+    free(plain.tokens);
     env_close(&v);
 }
 
