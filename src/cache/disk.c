@@ -177,7 +177,7 @@ static int parse_header(src *s, uint64_t model_id, cn_disk_node *out, cn_err *er
         sl->from = (int32_t)get32(e + 4);
         sl->to = (int32_t)get32(e + 8);
         sl->bytes = get64(e + 16);
-        int ok = get32(e + 12) == 0 && sl->kind >= 0 && sl->kind <= 2 && sl->from >= 0 &&
+        int ok = get32(e + 12) == 0 && sl->kind >= 0 && sl->kind <= 3 && sl->from >= 0 &&
                  sl->from <= sl->to && sl->bytes <= s->len && total + sl->bytes >= total;
         if (sl->kind == 0) ok = ok && sl->from == 0 && sl->to == 0 && sl->bytes == 0;
         if (!ok) rc = cn_err_set(err, CN_EFORMAT, "%s: malformed slot table (layer %u)", s->path, l);

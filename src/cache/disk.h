@@ -34,8 +34,11 @@
  *                            after the target's (version 2 only, and always set there)
  *     44            4        n_layers (target layers, plus the draft's with bit 1)
  *     48            8*end    keys[0..end): the key path from the root
- *     48+8*end      24*L     slot table, per layer: u32 kind (0 none, 1 KV, 2 STATE), i32 from,
- *                            i32 to, u32 reserved (0), u64 bytes
+ *     48+8*end      24*L     slot table, per layer: u32 kind (0 none, 1 KV, 2 STATE, 3 WINDOW),
+ *                            i32 from, i32 to, u32 reserved (0), u64 bytes
+ *                            (kind 3 came without a version bump: only models with sliding-window
+ *                            layers write it, and a build without kind 3 cannot load such a model,
+ *                            so it never scans their folder)
  *     H             P        payload: each present slot's bytes, in layer order (P = sum of bytes)
  *     H+P           8        xxh64 (seed 0) of bytes [0, H+P)
  *
@@ -80,7 +83,8 @@
 
 typedef struct cn_disk cn_disk; /* layout: disk.c */
 
-/* One slot table entry. kind 0 (absent), 1 (KV rows [from, to)), 2 (recurrent state at to). */
+/* One slot table entry. kind 0 (absent), 1 (KV rows [from, to)), 2 (recurrent state at to),
+ * 3 (a sliding window at to: K then V of its last min(to, W) positions). */
 typedef struct cn_disk_slot {
     int kind;
     int from, to;

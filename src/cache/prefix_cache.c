@@ -34,6 +34,16 @@ static int reset_live(cn_prefix_cache *pc) {
     return rc;
 }
 
+/* Layers whose snapshots are whole states at node ends: recurrent ones and sliding windows. */
+static int whole(cn_layer_kind k) { return k == CN_LAYER_RECURRENT || k == CN_LAYER_WINDOW; }
+
+/* 1 when the live whole-state layers are exactly at offset t for a prompt whose first lc keys the
+ * live caches hold: the live offset itself, or below it while every ring is unwrapped and no
+ * recurrent layer exists (state.h invariant 4). */
+static int live_reaches(const cn_prefix_cache *pc, int lc, int t) {
+    return !pc->live_stale && t <= lc && cn_state_can_rewind(pc->live, t);
+}
+
 static uint64_t ram_size(const cn_snap *s) { return s && s->tier == CN_SNAP_RAM ? s->bytes : 0; }
 
 static void slot_set(cn_prefix_cache *pc, cn_node *n, int l, cn_snap *s) {
@@ -58,9 +68,9 @@ static int materialize(cn_prefix_cache *pc, cn_node *n, int l) {
 }
 
 static int has_all_states(const cn_prefix_cache *pc, const cn_node *n) {
-    if (pc->n_rec == 0) return 1;
+    if (pc->n_rec == 0 && pc->n_win == 0) return 1;
     for (int l = 0; l < pc->trie.n_layers; l++)
-        if (pc->kind[l] == CN_LAYER_RECURRENT &&
+        if (whole(pc->kind[l]) &&
             (!n->slots[l] || n->slots[l]->to != n->end || n->slots[l]->tier == CN_SNAP_LIVE))
             return 0;
     return 1;
@@ -237,6 +247,7 @@ int cn_pc_init(cn_prefix_cache *pc, cn_state *live, const cn_pc_opts *o) {
     if (pc->o.spacing <= 0) pc->o.spacing = 1024;
     if (!o) pc->o.pre_end = 4;
     if (pc->o.ram_budget == 0) pc->o.ram_budget = (uint64_t)4 << 30;
+    if (pc->o.evict_steps <= 0) pc->o.evict_steps = 8;
     int n = live->n_layers;
     pc->kind = calloc((size_t)(n ? n : 1), sizeof *pc->kind);
     pc->cap_live_keys = live->max_ctx;
@@ -247,9 +258,13 @@ int cn_pc_init(cn_prefix_cache *pc, cn_state *live, const cn_pc_opts *o) {
     }
     for (int l = 0; l < n; l++) {
         cn_block t = live->layers[l].type;
-        pc->kind[l] = t == CN_BLOCK_ATTN ? CN_LAYER_KV : t == CN_BLOCK_MAMBA ? CN_LAYER_RECURRENT : CN_LAYER_NONE;
+        pc->kind[l] = t == CN_BLOCK_ATTN    ? CN_LAYER_KV
+                      : t == CN_BLOCK_SWA   ? CN_LAYER_WINDOW
+                      : t == CN_BLOCK_MAMBA ? CN_LAYER_RECURRENT
+                                            : CN_LAYER_NONE;
         pc->n_kv += pc->kind[l] == CN_LAYER_KV;
         pc->n_rec += pc->kind[l] == CN_LAYER_RECURRENT;
+        pc->n_win += pc->kind[l] == CN_LAYER_WINDOW;
     }
     pc->frontier = pc->trie.root;
     return cn_state_reset(live);
@@ -259,7 +274,8 @@ int cn_pc_attach_draft(cn_prefix_cache *pc, cn_state *draft) {
     if (pc->disk || pc->trie.n_nodes || pc->draft) return CN_EBUSY;
     if (!draft || draft->max_ctx < pc->live->max_ctx) return CN_EINVAL;
     for (int l = 0; l < draft->n_layers; l++)
-        if (draft->layers[l].type == CN_BLOCK_MAMBA) return CN_EUNSUPPORTED;
+        if (draft->layers[l].type == CN_BLOCK_MAMBA || draft->layers[l].type == CN_BLOCK_SWA)
+            return CN_EUNSUPPORTED;
     int n = pc->live->n_layers + draft->n_layers;
     cn_layer_kind *kind = realloc(pc->kind, (size_t)(n ? n : 1) * sizeof *kind);
     if (!kind) return CN_ENOMEM;
@@ -315,6 +331,7 @@ int cn_pc_reset(cn_prefix_cache *pc) {
     int L = pc->trie.n_layers;
     cn_trie_free(&pc->trie);
     pc->ram_bytes = 0;
+    pc->pinned = NULL;
     int rc = cn_trie_init(&pc->trie, L);
     pc->frontier = pc->trie.root;
     if (!rc) rc = reset_live(pc);
@@ -468,8 +485,8 @@ static int restore_to(cn_prefix_cache *pc, cn_node **path, int np, int lc, int t
     cn_state *s = pc->live;
     int w = lc < t ? lc : t, rc;
     if ((rc = materialize_lazy_above(pc, w))) return rc;
-    /* recurrent state already exactly at t */
-    int live_ok = s->offset == t && lc >= t && !pc->live_stale;
+    /* whole states (recurrent, windows) already exactly at t */
+    int live_ok = live_reaches(pc, lc, t);
     if (t == 0) return reset_live(pc);
     for (int i = 0; i < np; i++) {
         cn_node *n = path[i];
@@ -481,10 +498,12 @@ static int restore_to(cn_prefix_cache *pc, cn_node **path, int np, int lc, int t
                 return rc;
         }
         if (!live_ok && n->end == t) {
-            /* recurrent layers are the target's only (cn_pc_attach_draft) */
-            for (int l = 0; l < pc->trie.n_layers; l++)
-                if (pc->kind[l] == CN_LAYER_RECURRENT && (rc = cn_snap_state_restore(n->slots[l], s, l)))
-                    return rc;
+            /* whole-state layers are the target's only (cn_pc_attach_draft) */
+            for (int l = 0; l < pc->trie.n_layers; l++) {
+                if (pc->kind[l] == CN_LAYER_RECURRENT) rc = cn_snap_state_restore(n->slots[l], s, l);
+                else if (pc->kind[l] == CN_LAYER_WINDOW) rc = cn_snap_window_restore(n->slots[l], s, l);
+                if (rc) return rc;
+            }
             pc->n_restored_nodes++;
         }
         if (n->end <= t) n->last_used = pc->trie.clock;
@@ -510,11 +529,14 @@ static int restore_target(const cn_prefix_cache *pc, cn_node **path, int np, int
         }
         if (r < reach) reach = r;
     }
-    /* Recurrent layers restore only at exact offsets: 0, the live one, or a node end with state. */
+    /* Whole-state layers restore only at exact offsets: 0, the live one (or below it while the
+     * rings have not wrapped, in a model without recurrent layers), or a node end with state. */
     int t = 0;
-    if (pc->n_rec == 0) t = reach;
+    if (pc->n_rec == 0 && pc->n_win == 0) t = reach;
     else {
-        if (off <= lc && off <= reach && !pc->live_stale) t = off;
+        int below = lc < reach ? lc : reach;
+        if (live_reaches(pc, lc, below)) t = below;
+        else if (off <= lc && off <= reach && live_reaches(pc, lc, off)) t = off;
         for (int j = 0; j < np; j++)
             if (path[j]->end <= reach && path[j]->end > t && has_all_states(pc, path[j])) t = path[j]->end;
     }
@@ -526,7 +548,7 @@ static int restore_target(const cn_prefix_cache *pc, cn_node **path, int np, int
  * file failed (its slots are gone: choose t again) or CN_ENOMEM. */
 static int page_in_path(cn_prefix_cache *pc, cn_node **path, int np, int lc, int t) {
     int w = lc < t ? lc : t, failed = 0;
-    int live_ok = pc->live->offset == t && lc >= t && !pc->live_stale;
+    int live_ok = live_reaches(pc, lc, t);
     for (int i = 0; pc->disk && i < np; i++) {
         cn_node *n = path[i];
         if (!((n->end > w && cn_node_start(n) < t) || (n->end == t && !live_ok))) continue;
@@ -567,6 +589,9 @@ int cn_pc_begin(cn_prefix_cache *pc, cn_pc_session *sess, const cn_key *keys, in
     int t = restore_target(pc, path, np, lc, matched);
     while ((rc = page_in_path(pc, path, np, lc, t)) == 1) t = restore_target(pc, path, np, lc, matched);
     if (rc == CN_OK) rc = restore_to(pc, path, np, lc, t);
+    /* Eviction steps between this request's forwards leave its path alone (a branch point at
+     * close is captured where the match ends). */
+    pc->pinned = np ? path[np - 1] : NULL;
     free(path);
     if (rc) {
         cn_log(CN_LOG_WARN, "cache: restore to %d failed (%s); starting from 0", t, cn_strerror(rc));
@@ -612,9 +637,12 @@ int cn_pc_absorbed(cn_prefix_cache *pc, cn_pc_session *sess, int from, int to, c
             cap.slots = calloc((size_t)(pc->trie.n_layers ? pc->trie.n_layers : 1), sizeof *cap.slots);
             if (!cap.slots) rc = CN_ENOMEM;
         }
-        for (int l = 0, j = 0; !rc && l < pc->trie.n_layers; l++)
+        for (int l = 0, j = 0, w = 0; !rc && l < pc->trie.n_layers; l++) {
             if (pc->kind[l] == CN_LAYER_RECURRENT)
                 rc = cn_snap_state_from_capture(pc->live, &caps[c], j++, &cap.slots[l]);
+            else if (pc->kind[l] == CN_LAYER_WINDOW)
+                rc = cn_snap_window_from_capture(pc->live, &caps[c], w++, &cap.slots[l]);
+        }
         if (!rc && sess->n_caps == sess->cap_caps) {
             int cap2 = sess->cap_caps ? 2 * sess->cap_caps : 8;
             cn_pc_capture *p = realloc(sess->caps, (size_t)cap2 * sizeof *p);
@@ -711,7 +739,7 @@ static int level_for_close(cn_prefix_cache *pc, cn_pc_session *sess) {
     int o = pc->live->offset;
     if (pc->draft && pc->draft->offset < o) o = pc->draft->offset;
     if (sess->n_keys < o) o = sess->n_keys;
-    int stale = o != pc->live->offset && pc->n_rec > 0;
+    int stale = !cn_state_can_rewind(pc->live, o); /* a recurrent layer, or a wrapped ring */
     if (o > sess->restored)
         memcpy(pc->live_keys + sess->restored, sess->keys + sess->restored,
                (size_t)(o - sess->restored) * sizeof(cn_key));
@@ -720,6 +748,7 @@ static int level_for_close(cn_prefix_cache *pc, cn_pc_session *sess) {
 }
 
 int cn_pc_close(cn_prefix_cache *pc, cn_pc_session *sess) {
+    pc->pinned = NULL; /* close splits and merges nodes; the frontier protects from here on */
     int stale = level_for_close(pc, sess) | pc->live_stale;
     int o = pc->live->offset, rc = CN_OK;
     /* 1. every capture the forwards crossed becomes a node with its recurrent state */
@@ -750,15 +779,16 @@ int cn_pc_close(cn_prefix_cache *pc, cn_pc_session *sess) {
         f = advance(pc, o);
         int adds = 0;
         for (int l = 0; f && !stale && l < pc->trie.n_layers; l++)
-            adds |= pc->kind[l] == CN_LAYER_RECURRENT && !f->slots[l];
+            adds |= whole(pc->kind[l]) && !f->slots[l];
         if (!f || (adds && node_unfile(pc, f))) {
             rc = CN_ENOMEM;
             f = NULL;
         }
         for (int l = 0; f && !stale && l < pc->trie.n_layers; l++) {
-            if (pc->kind[l] != CN_LAYER_RECURRENT || f->slots[l]) continue;
+            if (!whole(pc->kind[l]) || f->slots[l]) continue;
             cn_snap *s;
-            int r = cn_snap_state_take(pc->live, l, &s);
+            int r = pc->kind[l] == CN_LAYER_RECURRENT ? cn_snap_state_take(pc->live, l, &s)
+                                                       : cn_snap_window_take(pc->live, l, &s);
             if (r) rc = r;
             else slot_set(pc, f, l, s);
         }
@@ -769,7 +799,7 @@ int cn_pc_close(cn_prefix_cache *pc, cn_pc_session *sess) {
     pc->frontier = f;
     pc->live_stale = stale;
     persist(pc); /* with a disk tier: the nodes this request created or changed, cancelled or not */
-    cn_pc_evict(pc);
+    cn_pc_evict_step(pc, pc->o.evict_steps); /* the rest between later forwards or when idle */
     cn_pc_session_free(sess);
     return rc;
 }
@@ -792,6 +822,8 @@ void cn_pc_session_free(cn_pc_session *sess) {
 
 static int on_active_path(const cn_prefix_cache *pc, const cn_node *n) {
     for (const cn_node *x = pc->frontier; x; x = x->parent)
+        if (x == n) return 1;
+    for (const cn_node *x = pc->pinned; x; x = x->parent)
         if (x == n) return 1;
     return 0;
 }
@@ -861,33 +893,48 @@ static int drop_node(cn_prefix_cache *pc, cn_node *n) {
     int rc = node_unfile(pc, n);
     if (rc) return rc;
     for (int l = 0; l < pc->trie.n_layers; l++)
-        if (pc->kind[l] == CN_LAYER_RECURRENT) slot_set(pc, n, l, NULL);
+        if (whole(pc->kind[l])) slot_set(pc, n, l, NULL);
     n->user = 0;
     if ((rc = merge_child(pc, n))) return rc;
     node_write(pc, n); /* a full queue leaves it for the next close */
     return CN_OK;
 }
 
-/* Each round pages one node out (its RAM becomes 0 and only a merge's page-in can raise it
- * again), removes one node, or stops, so the loop ends. With ram 0 only the disk budget counts. */
+/* One round: pages one node out (its RAM becomes 0 and only a merge's page-in can raise it
+ * again) or removes one node. Returns 1 when it did, 0 when both tiers fit or nothing can go.
+ * With ram_too 0 only the disk budget counts. The work of a round is bounded by one node: a walk
+ * to pick it, a copy of its bytes to the writer or a merge with its child. */
+static int evict_round(cn_prefix_cache *pc, int ram_too) {
+    int ram = ram_too && pc->ram_bytes > pc->o.ram_budget;
+    int disk = pc->disk && pc->disk_bytes > pc->disk_budget;
+    cn_node *n = ram && pc->disk ? pick_in(pc, PICK_PAGE_OUT) : NULL;
+    if (n && page_out(pc, n) == CN_OK) return 1;
+    /* without a disk tier, or with its queue full, a RAM node is dropped as before */
+    n = ram ? pick_in(pc, PICK_DROP_RAM) : NULL;
+    if (!n && disk) n = pick_in(pc, PICK_DROP_DISK);
+    if (!n || drop_node(pc, n)) return 0;
+    pc->n_evicted++;
+    return 1;
+}
+
 static int evict(cn_prefix_cache *pc, int ram_too) {
-    int evicted = 0;
-    for (;;) {
-        int ram = ram_too && pc->ram_bytes > pc->o.ram_budget;
-        int disk = pc->disk && pc->disk_bytes > pc->disk_budget;
-        cn_node *n = ram && pc->disk ? pick_in(pc, PICK_PAGE_OUT) : NULL;
-        if (n && page_out(pc, n) == CN_OK) continue;
-        /* without a disk tier, or with its queue full, a RAM node is dropped as before */
-        n = ram ? pick_in(pc, PICK_DROP_RAM) : NULL;
-        if (!n && disk) n = pick_in(pc, PICK_DROP_DISK);
-        if (!n || drop_node(pc, n)) break;
-        evicted++;
-        pc->n_evicted++;
+    uint64_t before = pc->n_evicted;
+    while (evict_round(pc, ram_too)) {
     }
-    return evicted;
+    return (int)(pc->n_evicted - before);
 }
 
 int cn_pc_evict(cn_prefix_cache *pc) { return evict(pc, 1); }
+
+int cn_pc_evict_step(cn_prefix_cache *pc, int max_nodes) {
+    for (int i = 0; i < max_nodes; i++)
+        if (!evict_round(pc, 1)) return 0;
+    return cn_pc_over_budget(pc);
+}
+
+int cn_pc_over_budget(const cn_prefix_cache *pc) {
+    return pc->ram_bytes > pc->o.ram_budget || (pc->disk && pc->disk_bytes > pc->disk_budget);
+}
 
 /* ---- attaching the disk tier: the trie rebuilt from files --------------------------------------- */
 
@@ -918,6 +965,10 @@ static int layout_ok(const cn_prefix_cache *pc, const cn_disk_node *h) {
         if (pc->kind[l] == CN_LAYER_RECURRENT &&
             (s->kind != CN_SNAP_STATE || s->from != h->end || s->to != h->end ||
              s->bytes != cn_snap_state_bytes(st, ll)))
+            return 0;
+        if (pc->kind[l] == CN_LAYER_WINDOW &&
+            (s->kind != CN_SNAP_WINDOW || s->from != h->end || s->to != h->end ||
+             s->bytes != cn_snap_window_bytes(st, ll, h->end)))
             return 0;
         if (pc->kind[l] == CN_LAYER_NONE) return 0;
     }
@@ -1020,7 +1071,7 @@ static int insert_file(cn_prefix_cache *pc, const found *f) {
     for (int l = 0; l < h->n_layers; l++) {
         const cn_disk_slot *s = &h->slots[l];
         if (!s->kind) continue;
-        n->slots[l] = cn_snap_disk(s->kind == CN_SNAP_KV ? CN_SNAP_KV : CN_SNAP_STATE, s->from, s->to, s->bytes);
+        n->slots[l] = cn_snap_disk((cn_snap_kind)s->kind, s->from, s->to, s->bytes); /* layout_ok checked it */
         if (!n->slots[l]) {
             cn_trie_remove_leaf(t, n);
             return CN_ENOMEM;
@@ -1114,7 +1165,8 @@ static int sum_node(cn_node *n, void *ctx) {
         if (!s) continue;
         if (s->tier == CN_SNAP_DISK && (!n->disk_id || s->ram)) c->ok = 0; /* invariant 5 */
         if (pc->kind[l] == CN_LAYER_KV && (s->from != cn_node_start(n) || s->to != n->end)) c->ok = 0;
-        if (pc->kind[l] == CN_LAYER_RECURRENT && (s->from != n->end || s->to != n->end)) c->ok = 0;
+        if (whole(pc->kind[l]) && (s->from != n->end || s->to != n->end)) c->ok = 0;
+        if (pc->kind[l] == CN_LAYER_WINDOW && (s->kind != CN_SNAP_WINDOW || s->tier == CN_SNAP_LIVE)) c->ok = 0;
         if (pc->kind[l] == CN_LAYER_NONE) c->ok = 0;
         if (s->tier == CN_SNAP_LIVE) {
             /* invariant 2: within the live keys */

@@ -26,11 +26,12 @@
  * stale and the next begin restores it from a snapshot instead of trusting it.
  *
  * Invariants (checked by cn_pc_check):
- *  (1) Attention snapshots span exactly their node's edge; recurrent ones sit only at node ends.
+ *  (1) Attention snapshots span exactly their node's edge; whole-state ones (recurrent, windows)
+ *      sit only at node ends.
  *  (2) Every LIVE snapshot lies within the live keys: its rows are the live buffer's rows.
  *  (3) ram_bytes equals the sum of the sizes of RAM-tier snapshots.
- *  (4) Eviction never removes the active path (the frontier's ancestors) nor a node with several
- *      children.
+ *  (4) Eviction never removes the active path (the frontier's ancestors, and during a request
+ *      the pinned node's) nor a node with several children.
  *  (5) With a disk tier: a node with a file (disk_id != 0) has one written or queued that holds
  *      exactly its key path, edge and current slots; every DISK-tier slot belongs to such a node;
  *      disk_bytes equals the sum of the slot sizes of those nodes.
@@ -41,6 +42,9 @@
  * ram_budget; with a disk tier attached (cn_pc_attach_disk) every node is also written to disk at
  * the close that creates or changes it, cancelled requests included (the request only copies its
  * bytes to the writer), so the disk holds every restore point and RAM the recently used ones.
+ * Eviction runs in bounded steps (cn_pc_evict_step): a few nodes at close, the rest between
+ * forwards and while the server is idle, so no request waits on a large one; a tier may exceed
+ * its budget for that while.
  * Over the RAM budget, the least recently used nodes are paged out: RAM freed, the node keeps its
  * place in the trie, its slots become DISK (the active path's too, as nothing leaves the trie).
  * Over the disk budget, nodes are dropped from every tier in the order and with the protections
@@ -63,24 +67,35 @@ typedef struct cn_pc_opts {
     int spacing;          /* a restore point every `spacing` tokens of prefill (0: 1024) */
     int pre_end;          /* and one this many tokens before the prompt's end (default 4; -1 none) */
     uint64_t ram_budget;  /* bytes of RAM-tier snapshots kept (0: 4 GiB) */
+    int evict_steps;      /* nodes paged out or evicted at most per close (0: 8); the rest is
+                           * left to cn_pc_evict_step between forwards or when idle */
 } cn_pc_opts;
 
-typedef enum cn_layer_kind { CN_LAYER_NONE = 0, CN_LAYER_KV, CN_LAYER_RECURRENT } cn_layer_kind;
+typedef enum cn_layer_kind {
+    CN_LAYER_NONE = 0,
+    CN_LAYER_KV,        /* full attention: append-only rows, snapshots are row ranges */
+    CN_LAYER_RECURRENT, /* Mamba2: whole-state snapshots at node ends */
+    CN_LAYER_WINDOW,    /* sliding-window attention: whole-window snapshots at node ends; the live
+                         * ring rewinds only while it has not wrapped */
+} cn_layer_kind;
 
 typedef struct cn_prefix_cache {
     cn_trie trie;            /* slots: the target's layers, then the draft's */
     cn_state *live;          /* the live caches; not owned */
     cn_state *draft;         /* (optional) the draft head's live caches; not owned */
     int lookahead;           /* 1 with a draft (pair keys), else 0 */
-    int live_stale;          /* 1: the live recurrent state is not at live->offset (see above);
+    int live_stale;          /* 1: the live whole state (recurrent, windows) is not at
+                              * live->offset (see above);
                               * a caller whose forward failed sets it before cn_pc_close */
     cn_pc_opts o;
     cn_layer_kind *kind;     /* [n_layers] of the trie: target layers, then draft layers */
-    int n_kv, n_rec;
+    int n_kv, n_rec, n_win;
     cn_key *live_keys;       /* [live->offset] keys of what the live caches hold */
     int cap_live_keys;
     uint64_t ram_bytes;      /* RAM-tier snapshot bytes (invariant 3) */
     cn_node *frontier;       /* where the live caches rested at the last close (root at start) */
+    cn_node *pinned;         /* during a request: the deepest node of its match, protected from
+                              * eviction with its ancestors as the frontier is; NULL otherwise */
     struct cn_disk *disk;    /* (optional) the disk tier (disk.h); owned */
     uint64_t disk_budget;    /* bytes of snapshots kept in node files */
     uint64_t disk_bytes;     /* bytes of snapshots in node files (invariant 5) */
@@ -92,11 +107,11 @@ typedef struct cn_prefix_cache {
     uint64_t n_disk_failed;  /* page-ins that failed verification (each warned about) */
 } cn_prefix_cache;
 
-/* One crossed capture: the recurrent layers' state at an offset. */
+/* One crossed capture: the whole-state layers' state (recurrent, windows) at an offset. */
 typedef struct cn_pc_capture {
     int offset;
     int user;         /* scheduled restore point (resists merging) */
-    cn_snap **slots;  /* [n_layers], recurrent layers only */
+    cn_snap **slots;  /* [n_layers], whole-state layers only */
 } cn_pc_capture;
 
 /* One request's view. Caller-allocated; cn_pc_session_free after close. */
@@ -163,7 +178,7 @@ int cn_pc_push_key(cn_pc_session *sess, cn_key key);
 int cn_pc_schedule(cn_pc_session *sess, int off, int user);
 
 /* Ends the request (success, error or cancellation): attaches the crossed captures, records the
- * segment the live caches rest at, evicts to budget. With a draft, the level recorded is the
+ * segment the live caches rest at, takes an eviction step (o.evict_steps nodes at most). With a draft, the level recorded is the
  * lowest of the target offset, the draft offset and the keys pushed; the caller settles the
  * draft first (closes its last pair) so that all three agree. */
 int cn_pc_close(cn_prefix_cache *pc, cn_pc_session *sess);
@@ -173,8 +188,16 @@ void cn_pc_session_free(cn_pc_session *sess);
 int cn_pc_reset(cn_prefix_cache *pc);
 
 /* Pages out (with a disk tier) or evicts until RAM fits its budget, and evicts until the disk
- * fits its own. Returns the number of nodes evicted (pages-outs are not evictions). */
+ * fits its own, all at once (attach, tests). Returns the number of nodes evicted (page-outs are
+ * not evictions). */
 int cn_pc_evict(cn_prefix_cache *pc);
+/* The same in a bounded step: at most max_nodes page-outs or evictions, each one node's work.
+ * Returns 1 while a tier is still over its budget (call again), 0 when both fit or nothing more
+ * can go. Safe between the forwards of a request (its path is pinned) and between requests; the
+ * invariants hold after every step. */
+int cn_pc_evict_step(cn_prefix_cache *pc, int max_nodes);
+/* 1 when a tier holds more than its budget. */
+int cn_pc_over_budget(const cn_prefix_cache *pc);
 
 /* Sum of RAM-tier snapshot bytes, recomputed by walking the trie (tests compare it to ram_bytes). */
 uint64_t cn_pc_ram_bytes_walk(const cn_prefix_cache *pc);

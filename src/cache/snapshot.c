@@ -80,6 +80,95 @@ int cn_snap_state_from_capture(const cn_state *s, const cn_rsnap *rs, int j, cn_
     return state_copy(s, layer, &rs->conv[j], &rs->ssm[j], rs->offset, out);
 }
 
+/* ---- windows ---- */
+
+uint64_t cn_snap_window_bytes(const cn_state *s, int layer, int offset) {
+    return 2 * (uint64_t)cn_window_rows(s->layers[layer].window, offset) * cn_snap_kv_row_bytes(s, layer);
+}
+
+static cn_snap *window_new(const cn_state *s, int layer, int offset) {
+    uint64_t bytes = cn_snap_window_bytes(s, layer, offset);
+    cn_snap *p = snap_new(CN_SNAP_WINDOW, CN_SNAP_RAM, offset, offset, bytes);
+    if (!p) return NULL;
+    if (!(p->ram = malloc(bytes ? bytes : 1))) {
+        free(p);
+        return NULL;
+    }
+    return p;
+}
+
+/* Host copies of positions [o - n, o) of one ring (p at row p % W), oldest first. */
+static int ring_download(const cn_state *s, const cn_tensor *ring, int o, int n, uint8_t *dst,
+                         uint64_t row) {
+    int W = (int)ring->shape[0], rc = CN_OK;
+    for (int p = o - n; !rc && p < o;) {
+        int r = p % W, len = W - r < o - p ? W - r : o - p; /* up to the ring's end */
+        cn_tensor v = cn_tensor_rows(ring, r, len);
+        rc = cn_backend_download(backend(s), dst, &v);
+        dst += (uint64_t)len * row;
+        p += len;
+    }
+    return rc;
+}
+
+int cn_snap_window_take(const cn_state *s, int layer, cn_snap **out) {
+    const cn_layer_state *ls = &s->layers[layer];
+    if (ls->type != CN_BLOCK_SWA) return CN_EINVAL;
+    cn_snap *p = window_new(s, layer, s->offset);
+    if (!p) return CN_ENOMEM;
+    int n = cn_window_rows(ls->window, s->offset);
+    uint64_t row = cn_snap_kv_row_bytes(s, layer);
+    int rc = ring_download(s, &ls->k, s->offset, n, p->ram, row);
+    if (!rc) rc = ring_download(s, &ls->v, s->offset, n, p->ram + (uint64_t)n * row, row);
+    if (rc) {
+        cn_snap_free(p);
+        return rc;
+    }
+    *out = p;
+    return CN_OK;
+}
+
+int cn_snap_window_from_capture(const cn_state *s, const cn_rsnap *rs, int w, cn_snap **out) {
+    int layer = -1;
+    for (int l = 0, k = 0; l < s->n_layers; l++)
+        if (s->layers[l].type == CN_BLOCK_SWA && k++ == w) layer = l;
+    if (layer < 0 || w >= rs->n_win) return CN_EINVAL;
+    cn_snap *p = window_new(s, layer, rs->offset);
+    if (!p) return CN_ENOMEM;
+    int n = cn_window_rows(s->layers[layer].window, rs->offset);
+    uint64_t row = cn_snap_kv_row_bytes(s, layer);
+    int rc = CN_OK;
+    if (n > 0) {
+        cn_tensor k = cn_tensor_rows(&rs->win_k[w], 0, n), v = cn_tensor_rows(&rs->win_v[w], 0, n);
+        rc = cn_backend_download(backend(s), p->ram, &k);
+        if (!rc) rc = cn_backend_download(backend(s), p->ram + (uint64_t)n * row, &v);
+    }
+    if (rc) {
+        cn_snap_free(p);
+        return rc;
+    }
+    *out = p;
+    return CN_OK;
+}
+
+int cn_snap_window_restore(const cn_snap *snap, cn_state *s, int layer) {
+    cn_layer_state *ls = &s->layers[layer];
+    if (snap->kind != CN_SNAP_WINDOW || snap->tier != CN_SNAP_RAM || ls->type != CN_BLOCK_SWA) return CN_EINVAL;
+    int W = ls->window, o = snap->to, n = cn_window_rows(W, o), rc = CN_OK;
+    uint64_t row = cn_snap_kv_row_bytes(s, layer);
+    if (snap->bytes != 2 * (uint64_t)n * row) return CN_EINVAL;
+    for (int p = o - n; !rc && p < o;) {
+        int r = p % W, len = W - r < o - p ? W - r : o - p;
+        uint64_t src = (uint64_t)(p - (o - n)) * row;
+        rc = cn_backend_upload(backend(s), &ls->k, (uint64_t)r * row, snap->ram + src, (uint64_t)len * row);
+        if (!rc)
+            rc = cn_backend_upload(backend(s), &ls->v, (uint64_t)r * row, snap->ram + (uint64_t)n * row + src,
+                                   (uint64_t)len * row);
+        p += len;
+    }
+    return rc;
+}
+
 static int kv_download(const cn_state *s, int layer, int from, int to, uint8_t *dst) {
     const cn_layer_state *ls = &s->layers[layer];
     if (to == from) return CN_OK;

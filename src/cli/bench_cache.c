@@ -448,7 +448,8 @@ static int count_node(cn_node *n, void *ctx) {
     trie_count *c = ctx;
     int has = 0;
     for (int l = 0; l < c->pc->trie.n_layers; l++)
-        has |= c->pc->kind[l] == CN_LAYER_RECURRENT && n->slots[l] != NULL;
+        has |= (c->pc->kind[l] == CN_LAYER_RECURRENT || c->pc->kind[l] == CN_LAYER_WINDOW) &&
+               n->slots[l] != NULL;
     c->nodes++;
     c->points += has;
     return 0;

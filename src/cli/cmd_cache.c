@@ -2,7 +2,7 @@
  *
  * Lists, per model folder under --cache-dir (or only the folder of --model's identity), every node
  * file: its edge [start, end), user flag, one letter per layer (K attention rows, S recurrent
- * state, . nothing), payload bytes, and whether it verifies (checksum, format, model identity).
+ * state, W sliding window, . nothing), payload bytes, and whether it verifies (checksum, format, model identity).
  * Read-only: nothing is moved, deleted or rewritten, even a file that fails; `cairn generate
  * --cache-dir` sets those aside when it loads the folder.
  */
@@ -58,7 +58,7 @@ static void on_file(void *ctx, const char *path, const cn_disk_node *h, int rc, 
         r->layers = malloc((size_t)h->n_layers + 1);
         if (r->layers) {
             for (int l = 0; l < h->n_layers; l++)
-                r->layers[l] = h->slots[l].kind == 1 ? 'K' : h->slots[l].kind == 2 ? 'S' : '.';
+                r->layers[l] = ".KSW"[h->slots[l].kind >= 0 && h->slots[l].kind <= 3 ? h->slots[l].kind : 0];
             r->layers[h->n_layers] = '\0';
         }
     } else {

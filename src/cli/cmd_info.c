@@ -43,6 +43,9 @@ int cn_cmd_info(int argc, char **argv) {
     printf("  mamba %d, attention %d, moe %d, mlp %d\n", cn_config_count(c, CN_BLOCK_MAMBA),
            cn_config_count(c, CN_BLOCK_ATTN), cn_config_count(c, CN_BLOCK_MOE),
            cn_config_count(c, CN_BLOCK_MLP));
+    if (cn_config_count(c, CN_BLOCK_SWA))
+        printf("  sliding-window attention %d (window %d)\n", cn_config_count(c, CN_BLOCK_SWA),
+               c->sliding_window);
     printf("mtp:         %s\n", cn_model_has_mtp(m) ? c->mtp_layers : "none");
     printf("hidden:      %d, vocab %d\n", c->hidden_size, c->vocab_size);
     printf("parameters:  %llu (%.2fB), active per token %llu, mtp %llu\n",

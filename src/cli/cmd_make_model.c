@@ -13,13 +13,14 @@
 #include "model/synth.h"
 
 static const char kSynopsis[] =
-    "make-model --preset " CN_SYNTH_PRESETS " --out DIR [--seed N] [--no-mtp] [--layers N] [--pattern PAT]"
+    "make-model --preset " CN_SYNTH_PRESETS " --out DIR [--seed N] [--no-mtp] [--layers N] [--pattern PAT] [--window W]"
     " [--dtype bf16|f32|fp8] [--shard-size MB]";
 
 int cn_cmd_make_model(int argc, char **argv) {
     const char *preset = NULL, *out = NULL, *dtype = "bf16";
     uint64_t seed = 0, shard_mb = 0;
     const char *pattern = NULL;
+    int window = 0;
     int no_mtp = 0, layers = -1; /* -1: not given, so an explicit 0 can be refused */
     cn_flag flags[] = {
         {"preset", CN_FLAG_STR, &preset, "NAME", CN_SYNTH_PRESETS, 1, 0},
@@ -27,7 +28,8 @@ int cn_cmd_make_model(int argc, char **argv) {
         {"seed", CN_FLAG_U64, &seed, "N", "random seed (default 0)", 0, 0},
         {"no-mtp", CN_FLAG_BOOL, &no_mtp, NULL, "leave out the multi-token-prediction block", 0, 0},
         {"layers", CN_FLAG_INT, &layers, "N", "keep the first N layers of the preset's pattern", 0, 0},
-        {"pattern", CN_FLAG_STR, &pattern, "PAT", "layer pattern of M, *, E, - instead of the preset's", 0, 0},
+        {"pattern", CN_FLAG_STR, &pattern, "PAT", "layer pattern of M, *, S, E, - instead of the preset's (S: sliding-window attention)", 0, 0},
+        {"window", CN_FLAG_INT, &window, "W", "sliding window of the S layers (default 16)", 0, 0},
         {"dtype", CN_FLAG_STR, &dtype, "T", "weight dtype: bf16 (default), f32, fp8", 0, 0},
         {"shard-size", CN_FLAG_U64, &shard_mb, "MB", "split weights into shards of at most MB MiB", 0, 0},
         {NULL, 0, NULL, NULL, NULL, 0, 0},
@@ -43,6 +45,7 @@ int cn_cmd_make_model(int argc, char **argv) {
     o.mtp = !no_mtp;
     o.layers = layers < 0 ? 0 : layers;
     o.pattern = pattern;
+    o.sliding_window = window;
     o.shard_bytes = shard_mb << 20;
     if (!strcmp(dtype, "bf16")) o.dtype = CN_BF16;
     else if (!strcmp(dtype, "f32")) o.dtype = CN_F32;

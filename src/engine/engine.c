@@ -301,12 +301,15 @@ int cn_engine_generate(cn_engine *e, const cn_request *r, cn_result *res) {
         if (rc) goto close;
     }
 
-    /* PREFILL: forwards end at chunk boundaries and at restore points (cancellation points). */
+    /* PREFILL: forwards end at chunk boundaries and at the spacing's restore points (the
+     * cancellation points). The others (the branch point, the one before the prompt's end) are
+     * captured inside a forward: cutting there would cost a pass over the weights for a few
+     * tokens and buy no cancellation point worth having. */
     int pos = sess.restored;
     while (pos < n) {
         int end = pos + e->o.chunk < n ? pos + e->o.chunk : n;
         for (int i = 0; i < sess.n_sched; i++)
-            if (sess.sched[i] > pos && sess.sched[i] < end) {
+            if (sess.sched[i] > pos && sess.sched[i] < end && sess.sched[i] % e->pc.o.spacing == 0) {
                 end = sess.sched[i];
                 break;
             }
@@ -314,6 +317,7 @@ int cn_engine_generate(cn_engine *e, const cn_request *r, cn_result *res) {
         if (e->spec && (rc = cn_spec_flush(e->spec))) goto close; /* level at every chunk's end */
         res->prompt_eval_count += end - pos;
         pos = end;
+        if (pos < n) cn_pc_evict_step(&e->pc, 1); /* what closes left over budget, a node at a time */
         if (r->on_progress) r->on_progress(r->ctx, pos, n);
         if (pos < n && r->cancel && r->cancel(r->ctx)) {
             rc = CN_ECANCELED;
@@ -382,3 +386,5 @@ out:
     cn_sampler_free(&smp);
     return rc;
 }
+
+int cn_engine_maintain(cn_engine *e, int max_nodes) { return cn_pc_evict_step(&e->pc, max_nodes); }

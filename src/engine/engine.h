@@ -15,7 +15,8 @@
  *
  * The engine owns the model's live state and prefix cache, built once at open and reused by
  * every request. A cancel callback is polled between forwards (every `chunk` tokens and at every
- * restore point), so a cancel is honoured within one chunk's time and everything the prefill
+ * restore point of the spacing; the branch point and the one before the prompt's end are
+ * captured inside a forward), so a cancel is honoured within one chunk's time and everything the prefill
  * absorbed stays in the cache for the retry. Every generated token is recorded before it is
  * handed to on_token. One request at a time per engine.
  */
@@ -130,5 +131,9 @@ void cn_engine_close(cn_engine *e);
  * kept), CN_ECONTEXT (prompt + max_tokens past the context), CN_EINVAL (bad ids or sampling
  * parameters), or a backend error; in every case the cache was closed properly. */
 int cn_engine_generate(cn_engine *e, const cn_request *r, cn_result *res);
+
+/* Between requests (the server when its queue is empty): at most max_nodes of the eviction work
+ * earlier closes left (cn_pc_evict_step). Returns 1 while work remains. */
+int cn_engine_maintain(cn_engine *e, int max_nodes);
 
 #endif

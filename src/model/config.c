@@ -162,13 +162,15 @@ static int get_eos(const src *s, int *ids, int *n, int *present, cn_err *err) {
  * ------------------------------------------------------------------------------------------- */
 
 static int block_from_char(char ch) {
-    return ch == CN_BLOCK_MAMBA || ch == CN_BLOCK_ATTN || ch == CN_BLOCK_MOE || ch == CN_BLOCK_MLP;
+    return ch == CN_BLOCK_MAMBA || ch == CN_BLOCK_ATTN || ch == CN_BLOCK_SWA || ch == CN_BLOCK_MOE ||
+           ch == CN_BLOCK_MLP;
 }
 
 /* layers_block_type names, new and legacy, as transformers' remapping accepts them. */
 static char block_from_name(const char *s) {
     if (!strcmp(s, "mamba") || !strcmp(s, "linear_attention")) return CN_BLOCK_MAMBA;
     if (!strcmp(s, "attention") || !strcmp(s, "full_attention")) return CN_BLOCK_ATTN;
+    if (!strcmp(s, "sliding_attention")) return CN_BLOCK_SWA; /* Gemma/Mistral layer_types */
     if (!strcmp(s, "moe")) return CN_BLOCK_MOE;
     if (!strcmp(s, "mlp")) return CN_BLOCK_MLP;
     return 0;
@@ -180,7 +182,7 @@ static int pattern_from_string(const src *s, const char *name, char **out, cn_er
     *out = NULL;
     if (!j || cJSON_IsNull(j)) return CN_OK;
     if (!cJSON_IsString(j))
-        return cn_err_set(err, CN_ECONFIG, "%s: %s: must be a string of M, *, E, -, got %s",
+        return cn_err_set(err, CN_ECONFIG, "%s: %s: must be a string of M, *, S, E, -, got %s",
                           s->what, name, json_type_name(j));
     const char *p = j->valuestring;
     size_t n = strlen(p);
@@ -189,7 +191,7 @@ static int pattern_from_string(const src *s, const char *name, char **out, cn_er
         if (!block_from_char(p[i]))
             return cn_err_set(err, CN_ECONFIG,
                               "%s: %s: unknown block type '%c' at layer %zu "
-                              "(expected M, *, E or -)", s->what, name, p[i], i);
+                              "(expected M, *, S, E or -)", s->what, name, p[i], i);
     char *c = malloc(n + 1);
     if (!c) return cn_err_set(err, CN_ENOMEM, "%s: %s: out of memory", s->what, name);
     memcpy(c, p, n + 1);
@@ -219,7 +221,8 @@ static int pattern_from_list(const src *s, const char *name, const char *alias, 
             if (cJSON_IsString(e))
                 rc = cn_err_set(err, CN_ECONFIG,
                                 "%s: %s[%d]: unknown block type \"%s\" (expected mamba, "
-                                "linear_attention, attention, full_attention, moe or mlp)",
+                                "linear_attention, attention, full_attention, "
+                                "sliding_attention, moe or mlp)",
                                 s->what, *used, i, e->valuestring);
             else
                 rc = cn_err_set(err, CN_ECONFIG, "%s: %s[%d]: must be a string, got %s", s->what,
@@ -535,8 +538,10 @@ static int parse_root(cn_config *c, const src *s, cn_err *err) {
     }
 
     /* Only the block types that occur need their fields. */
-    if (has_block(c->layers, c->mtp_layers, CN_BLOCK_ATTN) && (rc = read_attention(s, c, err)))
+    int swa = has_block(c->layers, c->mtp_layers, CN_BLOCK_SWA);
+    if ((swa || has_block(c->layers, c->mtp_layers, CN_BLOCK_ATTN)) && (rc = read_attention(s, c, err)))
         return rc;
+    if (swa && (rc = get_int(s, "sliding_window", NULL, 1, 0, 1, &c->sliding_window, err))) return rc;
     if (has_block(c->layers, c->mtp_layers, CN_BLOCK_MAMBA) && (rc = read_mamba(s, c, err)))
         return rc;
     if (has_block(c->layers, c->mtp_layers, CN_BLOCK_MOE) && (rc = read_moe(s, c, err))) return rc;

@@ -1,8 +1,15 @@
 /* config.h - a NemotronH config.json (and generation_config.json) parsed into a plain struct.
  *
- * Accepts both layer-pattern forms: the `hybrid_override_pattern` string (M, *, E, -) and the newer
- * `layers_block_type` list (mamba|linear_attention, attention|full_attention, moe, mlp); likewise
+ * Accepts both layer-pattern forms: the `hybrid_override_pattern` string (M, *, S, E, -) and the
+ * newer `layers_block_type` list (mamba|linear_attention, attention|full_attention,
+ * sliding_attention, moe, mlp; `layer_types` is read when it is absent); likewise
  * `mtp_hybrid_override_pattern` / `mtp_layers_block_type` with `num_nextn_predict_layers`.
+ * Sliding-window attention, which NemotronH itself never uses, is declared the way Hugging Face
+ * configs (Mistral, Gemma 2/3, gpt-oss) do: a `sliding_window` W and the layers marked
+ * "sliding_attention" in the list ('S' in the string). Such a layer is an ordinary attention
+ * block (same weights, same names) whose query at position p attends positions p-W+1..p only.
+ * `sliding_window` is required (>= 1) when an 'S' layer exists and ignored otherwise (it may be
+ * null, as Mistral's configs often have it).
  * Every missing or invalid required field is reported by name (CN_ECONFIG); optional fields take
  * the transformers defaults. The parser never reads weights.
  */
@@ -15,6 +22,7 @@
 typedef enum cn_block {
     CN_BLOCK_MAMBA = 'M',
     CN_BLOCK_ATTN = '*',
+    CN_BLOCK_SWA = 'S', /* sliding-window attention: attention weights, a ring of W KV rows */
     CN_BLOCK_MOE = 'E',
     CN_BLOCK_MLP = '-',
 } cn_block;
@@ -36,6 +44,7 @@ typedef struct cn_config {
     int n_kv_heads; /* num_key_value_heads */
     int head_dim;   /* head_dim, default hidden_size / n_heads */
     int attention_bias;
+    int sliding_window; /* W of the 'S' layers (they share the '*' fields); 0 when none */
 
     /* Mamba2 ('M') */
     int mamba_n_heads;   /* mamba_num_heads */
@@ -84,6 +93,8 @@ int cn_config_load_dir(cn_config *c, const char *dir, cn_err *err);
 int cn_config_parse(cn_config *c, const char *json, const char *what, cn_err *err);
 /* Frees what the config owns; safe on a zeroed config. */
 void cn_config_free(cn_config *c);
+/* 1 for the attention blocks, full ('*') or sliding-window ('S'). */
+static inline int cn_block_is_attn(cn_block b) { return b == CN_BLOCK_ATTN || b == CN_BLOCK_SWA; }
 /* Number of layers of a type. */
 int cn_config_count(const cn_config *c, cn_block type);
 

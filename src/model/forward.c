@@ -3,10 +3,11 @@
  * Reads like reference/nemotron-architecture.md §2: embeddings, then for every block
  * h = h + MIXER(RMSNorm(h)), then norm_f and lm_head. Mamba mixers run their conv and scan in
  * segments that end at the scheduled capture offsets, so a restore point inside a batch costs a
- * state copy and no extra pass. Nothing here allocates: scratch is sized at open for `ubatch`
- * tokens and every batch is cut into pieces of at most that many. A one-token piece (decode, an
- * MTP draft) runs as one backend step (backend.h): every op between one upload and the
- * downloads, so a GPU backend waits once per token and may replay the step as a graph.
+ * state copy and no extra pass; sliding-window layers copy their window at the same offsets.
+ * Nothing here allocates: scratch is sized at open for `ubatch` tokens and every batch is cut into
+ * pieces of at most that many. A one-token piece (decode, an MTP draft) runs as one backend step
+ * (backend.h): every op between one upload and the downloads, so a GPU backend waits once per
+ * token and may replay the step as a graph.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -63,13 +64,18 @@ static int alloc_scratch(cn_model *m) {
     if (!rc) rc = alloc_f32(b, &s->eo, U * k, H);
     if (!rc) rc = alloc_f32(b, &s->cat, U, 2 * H);
     if (!rc) rc = alloc_f32(b, &s->logits, s->logit_rows, c->vocab_size);
+    if (!rc && c->sliding_window > 0) {
+        rc = alloc_f32(b, &s->kn, U, (int64_t)c->n_kv_heads * c->head_dim);
+        if (!rc) rc = alloc_f32(b, &s->vn, U, (int64_t)c->n_kv_heads * c->head_dim);
+    }
     return rc;
 }
 
 static void free_scratch(cn_model *m) {
     cn_scratch *s = &m->s;
     cn_tensor *all[] = {&s->ids, &s->x,  &s->xn, &s->out, &s->tmp, &s->proj, &s->conv, &s->y,
-                        &s->rlogits, &s->rids, &s->rw, &s->eh, &s->eo, &s->cat, &s->logits};
+                        &s->rlogits, &s->rids, &s->rw, &s->eh, &s->eo, &s->cat, &s->logits,
+                        &s->kn, &s->vn};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) cn_backend_release(m->b, all[i]);
 }
 
@@ -84,6 +90,13 @@ int cn_model_open(cn_model **out, const char *dir, cn_backend *b, const cn_model
     int rc = cn_config_load_dir(&m->cfg, dir, err);
     if (rc) goto fail;
     if (stage) stage(opts->stage_ctx, CN_LOAD_MAP, 0);
+    if (m->cfg.sliding_window > 0 && !cn_backend_has_attention_window(b)) {
+        rc = cn_err_set(err, CN_EUNSUPPORTED,
+                        "%s: the model has sliding-window attention layers (sliding_window %d), "
+                        "which the %s backend does not implement; use --backend cpu", dir,
+                        m->cfg.sliding_window, cn_backend_name(b));
+        goto fail;
+    }
     rc = cn_st_open_dir(&m->st, dir, err);
     if (rc) goto fail;
     if (stage) {
@@ -97,7 +110,10 @@ int cn_model_open(cn_model **out, const char *dir, cn_backend *b, const cn_model
     if (rc) goto fail;
     rc = cn_model_bind_weights(m, err);
     if (rc) goto fail;
-    for (int l = 0; l < m->cfg.n_layers; l++) m->n_mamba += m->cfg.layers[l] == CN_BLOCK_MAMBA;
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        m->n_mamba += m->cfg.layers[l] == CN_BLOCK_MAMBA;
+        m->n_swa += m->cfg.layers[l] == CN_BLOCK_SWA;
+    }
     rc = alloc_scratch(m);
     if (rc) {
         cn_err_set(err, rc, "cannot allocate scratch for %d tokens: %s", m->s.ubatch, cn_strerror(rc));
@@ -200,6 +216,38 @@ static int attn_mixer(cn_model *m, const cn_attn_w *w, cn_layer_state *ls, int o
     return cn_op_matmul(b, out, &w->o, &att);
 }
 
+/* Sliding-window ATTN(xn) -> out: the new K/V rows stay in scratch while the attention reads the
+ * ring and them, so no position a query of this batch needs is overwritten first; captures copy
+ * their window from the same two places; then the last min(T, W) rows enter the ring. */
+static int swa_mixer(cn_model *m, const cn_attn_w *w, cn_layer_state *ls, int swa_idx, int offset,
+                     cn_tensor *out, const cn_tensor *xn, int T, const segment *seg, int n_seg,
+                     cn_rsnap *caps) {
+    const cn_config *c = &m->cfg;
+    cn_backend *b = m->b;
+    const int W = ls->window;
+    cn_tensor q = rows(&m->s.proj, T), kn = rows(&m->s.kn, T), vn = rows(&m->s.vn, T);
+    q.shape[1] = (int64_t)c->n_heads * c->head_dim;
+    CHECK(cn_op_matmul(b, &q, &w->q, xn));
+    CHECK(cn_op_matmul(b, &kn, &w->k, xn));
+    CHECK(cn_op_matmul(b, &vn, &w->v, xn));
+    for (int i = 0; i < n_seg; i++) {
+        if (seg[i].capture < 0) continue;
+        cn_rsnap *snap = &caps[seg[i].capture];
+        int at = offset + seg[i].end, n = cn_window_rows(W, at);
+        CHECK(cn_ring_read(b, &snap->win_k[swa_idx], &ls->k, &kn, offset, at - n, at));
+        CHECK(cn_ring_read(b, &snap->win_v[swa_idx], &ls->v, &vn, offset, at - n, at));
+    }
+    cn_tensor att = rows(&m->s.y, T);
+    att.shape[1] = q.shape[1];
+    CHECK(cn_op_attention_window(b, &att, &q, &kn, &vn, &ls->k, &ls->v, offset, W, c->n_heads,
+                                 c->n_kv_heads, 1.0f / sqrtf((float)c->head_dim)));
+    int keep = T < W ? T : W;
+    cn_tensor kt = cn_tensor_rows(&kn, T - keep, keep), vt = cn_tensor_rows(&vn, T - keep, keep);
+    CHECK(cn_ring_write(b, &ls->k, &kt, offset + T - keep, offset + T));
+    CHECK(cn_ring_write(b, &ls->v, &vt, offset + T - keep, offset + T));
+    return cn_op_matmul(b, out, &w->o, &att);
+}
+
 /* MOE(xn) -> out: sigmoid router with correction bias, relu² experts, unscaled shared expert. */
 static int moe_mixer(cn_model *m, const cn_moe_w *w, cn_tensor *out, const cn_tensor *xn, int T) {
     const cn_config *c = &m->cfg;
@@ -239,7 +287,7 @@ static int run_layers(cn_model *m, const cn_layer_w *layers, cn_state *st, int o
                       const segment *seg, int n_seg, cn_rsnap *caps) {
     cn_backend *b = m->b;
     cn_tensor x = rows(&m->s.x, T), xn = rows(&m->s.xn, T), out = rows(&m->s.out, T);
-    int mamba_idx = 0;
+    int mamba_idx = 0, swa_idx = 0;
     for (int l = 0; l < st->n_layers; l++) {
         const cn_layer_w *w = &layers[l];
         cn_layer_state *ls = &st->layers[l];
@@ -249,6 +297,9 @@ static int run_layers(cn_model *m, const cn_layer_w *layers, cn_state *st, int o
             CHECK(mamba_mixer(m, &w->mamba, ls, mamba_idx++, &out, &xn, T, seg, n_seg, caps));
             break;
         case CN_BLOCK_ATTN: CHECK(attn_mixer(m, &w->attn, ls, offset, &out, &xn, T)); break;
+        case CN_BLOCK_SWA:
+            CHECK(swa_mixer(m, &w->attn, ls, swa_idx++, offset, &out, &xn, T, seg, n_seg, caps));
+            break;
         case CN_BLOCK_MOE: CHECK(moe_mixer(m, &w->moe, &out, &xn, T)); break;
         case CN_BLOCK_MLP: CHECK(mlp_mixer(m, &w->mlp, &out, &xn, T)); break;
         }

@@ -45,13 +45,17 @@ typedef struct cn_model_opts {
     void *stage_ctx;
 } cn_model_opts;
 
-/* A recurrent snapshot: every Mamba layer's conv tail and SSM state at one offset. Tensors live on
- * the model's backend; free with cn_rsnap_free. */
+/* A whole-state snapshot at one offset: every Mamba layer's conv tail and SSM state, and every
+ * sliding-window layer's window (what cannot be rewound). Tensors live on the model's backend;
+ * free with cn_rsnap_free. */
 typedef struct cn_rsnap {
     int offset;       /* tokens absorbed when taken */
     int n_layers;     /* number of Mamba layers */
     cn_tensor *conv;  /* [n_layers] each [K-1, conv_dim] F32 raw inputs */
     cn_tensor *ssm;   /* [n_layers] each [n_heads, head_dim*d_state] F32 */
+    int n_win;        /* number of sliding-window layers */
+    cn_tensor *win_k; /* [n_win] each [W, n_kv_heads*head_dim] F32: rows [0, min(offset, W)) are */
+    cn_tensor *win_v; /* positions offset-min(offset,W)..offset-1, oldest first; the rest junk */
 } cn_rsnap;
 
 /* One forward call. */

@@ -88,6 +88,8 @@ typedef struct cn_scratch {
     cn_tensor eh;      /* [U*k, I] expert hidden */
     cn_tensor eo;      /* [U*k, H] expert outputs */
     cn_tensor cat;     /* [U, 2H] MTP concat(enorm(e), hnorm(h)) */
+    cn_tensor kn, vn;  /* [U, n_kv*head_dim] new K/V rows of a sliding-window layer (only when
+                        * the model has one; they reach the ring after the attention) */
     cn_tensor logits;  /* [logit_rows, V] */
 } cn_scratch;
 
@@ -105,6 +107,7 @@ struct cn_model {
     int cap_descs;
     cn_tensor **descs;     /* [n_descs] freed at close; weights' block_scale point at them */
     int n_mamba;           /* Mamba layers among cfg.layers */
+    int n_swa;             /* sliding-window attention layers among cfg.layers */
     int d_inner, conv_dim, in_proj_dim;
     uint64_t identity;     /* cn_model_identity */
 };

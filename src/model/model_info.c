@@ -26,16 +26,20 @@ void cn_model_stats_get(const cn_model *m, cn_model_stats *st) {
     st->active_params = main - routed;
     if (c->n_routed_experts > 0) st->active_params += routed * (uint64_t)c->n_experts_per_tok / (uint64_t)c->n_routed_experts;
     int n_attn = cn_config_count(c, CN_BLOCK_ATTN), n_mamba = cn_config_count(c, CN_BLOCK_MAMBA);
-    st->state_bytes_per_token = (uint64_t)n_attn * 2 * c->n_kv_heads * c->head_dim * sizeof(float);
+    uint64_t kv_row = 2 * (uint64_t)c->n_kv_heads * c->head_dim * sizeof(float);
+    st->state_bytes_per_token = (uint64_t)n_attn * kv_row;
     st->state_bytes_fixed = (uint64_t)n_mamba *
         ((uint64_t)(c->conv_kernel - 1) * m->conv_dim +
          (uint64_t)c->mamba_n_heads * c->mamba_head_dim * c->ssm_state_size) * sizeof(float);
+    /* a sliding-window layer holds W rows whatever the context */
+    st->state_bytes_fixed += (uint64_t)cn_config_count(c, CN_BLOCK_SWA) * (uint64_t)c->sliding_window * kv_row;
 }
 
 int cn_block_index(cn_block type) {
     switch (type) {
     case CN_BLOCK_MAMBA: return 0;
-    case CN_BLOCK_ATTN: return 1;
+    case CN_BLOCK_ATTN:
+    case CN_BLOCK_SWA: return 1;
     case CN_BLOCK_MOE: return 2;
     default: return 3;
     }
@@ -89,4 +93,6 @@ void cn_model_decode_traffic(const cn_model *m, cn_decode_traffic *out) {
     out->state_fixed = (uint64_t)n_mamba *
         ((uint64_t)(c->conv_kernel - 1) * m->conv_dim +
          (uint64_t)c->mamba_n_heads * c->mamba_head_dim * c->ssm_state_size) * sizeof(float);
+    out->state_fixed += (uint64_t)cn_config_count(c, CN_BLOCK_SWA) * (uint64_t)c->sliding_window * 2 *
+                        c->n_kv_heads * c->head_dim * sizeof(float); /* a whole window, read once */
 }

@@ -345,7 +345,8 @@ static int bind_layer(cn_model *m, cn_layer_w *l, cn_block type, const char *pre
     join(mp, prefix, "mixer.");
     switch (type) {
     case CN_BLOCK_MAMBA: return bind_mamba(m, &l->mamba, mp, err);
-    case CN_BLOCK_ATTN: return bind_attn(m, &l->attn, mp, err);
+    case CN_BLOCK_ATTN:
+    case CN_BLOCK_SWA: return bind_attn(m, &l->attn, mp, err);
     case CN_BLOCK_MOE: return bind_moe(m, &l->moe, mp, err);
     case CN_BLOCK_MLP: return bind_mlp(m, &l->mlp, mp, err);
     }

@@ -370,9 +370,9 @@ static int default_keeps(strlist *keep, cn_qalgo algo, const cn_config *cfg) {
     if (algo != CN_QALGO_NVFP4) return rc;
     for (int i = 0; !rc && i < 4; i++) rc = sl_add(keep, attn[i]);
     for (int l = 0; !rc && l < cfg->n_layers; l++) {
-        if (cfg->layers[l] != CN_BLOCK_ATTN) continue;
+        if (!cn_block_is_attn((cn_block)cfg->layers[l])) continue;
         int j = l - 1;
-        while (j >= 0 && cfg->layers[j] != CN_BLOCK_MAMBA && cfg->layers[j] != CN_BLOCK_ATTN) j--;
+        while (j >= 0 && cfg->layers[j] != CN_BLOCK_MAMBA && !cn_block_is_attn((cn_block)cfg->layers[j])) j--;
         if (j < 0 || cfg->layers[j] != CN_BLOCK_MAMBA) continue;
         char n[128];
         snprintf(n, sizeof n, "backbone.layers.%d.mixer.in_proj", j);

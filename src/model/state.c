@@ -38,10 +38,12 @@ int cn_state_create(cn_state **out, cn_model *m, int max_ctx, int mtp) {
         cn_layer_state *ls = &s->layers[l];
         ls->type = (cn_block)types[l];
         int rc = CN_OK;
-        if (ls->type == CN_BLOCK_ATTN) {
+        if (cn_block_is_attn(ls->type)) {
             int64_t kv = (int64_t)c->n_kv_heads * c->head_dim;
-            rc = alloc2d(m->b, &ls->k, max_ctx, kv);
-            if (!rc) rc = alloc2d(m->b, &ls->v, max_ctx, kv);
+            int rows = max_ctx;
+            if (ls->type == CN_BLOCK_SWA) rows = ls->window = c->sliding_window;
+            rc = alloc2d(m->b, &ls->k, rows, kv);
+            if (!rc) rc = alloc2d(m->b, &ls->v, rows, kv);
         } else if (ls->type == CN_BLOCK_MAMBA) {
             rc = alloc2d(m->b, &ls->conv, c->conv_kernel - 1, m->conv_dim);
             if (!rc) rc = alloc2d(m->b, &ls->ssm, c->mamba_n_heads,
@@ -80,27 +82,92 @@ int cn_state_reset(cn_state *s) {
     return CN_OK;
 }
 
+/* The ring rows of positions [from, to) (to - from <= W) as at most two runs of rows. */
+typedef struct ring_run {
+    int row, n;
+} ring_run;
+
+static int ring_runs(int window, int from, int to, ring_run r[2]) {
+    int n = to - from, row = from % window;
+    if (n <= 0) return 0;
+    int first = window - row < n ? window - row : n;
+    r[0] = (ring_run){row, first};
+    if (first == n) return 1;
+    r[1] = (ring_run){0, n - first};
+    return 2;
+}
+
+int cn_ring_read(cn_backend *b, cn_tensor *dst, const cn_tensor *ring, const cn_tensor *fresh,
+                 int n_past, int from, int to) {
+    int window = (int)ring->shape[0], rc = CN_OK;
+    if (from < 0 || to < from || from < n_past - window || (to > n_past && !fresh) || to - from > dst->shape[0])
+        return CN_EINVAL;
+    int mid = to < n_past ? to : n_past; /* [from, mid) from the ring, [mid, to) fresh */
+    ring_run r[2];
+    int at = 0;
+    for (int i = 0, k = from < mid ? ring_runs(window, from, mid, r) : 0; !rc && i < k; i++) {
+        cn_tensor d = cn_tensor_rows(dst, at, r[i].n), sr = cn_tensor_rows(ring, r[i].row, r[i].n);
+        rc = cn_backend_copy(b, &d, &sr);
+        at += r[i].n;
+    }
+    int f0 = from > n_past ? from : n_past;
+    if (!rc && to > f0) {
+        cn_tensor d = cn_tensor_rows(dst, at, to - f0), sf = cn_tensor_rows(fresh, f0 - n_past, to - f0);
+        rc = cn_backend_copy(b, &d, &sf);
+    }
+    return rc;
+}
+
+int cn_ring_write(cn_backend *b, cn_tensor *ring, const cn_tensor *src, int from, int to) {
+    int window = (int)ring->shape[0], rc = CN_OK, at = 0;
+    if (from < 0 || to < from || to - from > window) return CN_EINVAL;
+    ring_run r[2];
+    for (int i = 0, k = ring_runs(window, from, to, r); !rc && i < k; i++) {
+        cn_tensor d = cn_tensor_rows(ring, r[i].row, r[i].n), sr = cn_tensor_rows(src, at, r[i].n);
+        rc = cn_backend_copy(b, &d, &sr);
+        at += r[i].n;
+    }
+    return rc;
+}
+
 int cn_state_restore(cn_state *s, const cn_rsnap *snap) {
     if (snap->offset < 0 || snap->offset > s->offset) return CN_EINVAL;
-    int j = 0;
+    int j = 0, w = 0;
     for (int l = 0; l < s->n_layers; l++) {
         cn_layer_state *ls = &s->layers[l];
-        if (ls->type != CN_BLOCK_MAMBA) continue;
-        if (j >= snap->n_layers) return CN_EINVAL;
-        int rc = cn_backend_copy(s->model->b, &ls->conv, &snap->conv[j]);
-        if (!rc) rc = cn_backend_copy(s->model->b, &ls->ssm, &snap->ssm[j]);
+        int rc = CN_OK;
+        if (ls->type == CN_BLOCK_MAMBA) {
+            if (j >= snap->n_layers) return CN_EINVAL;
+            rc = cn_backend_copy(s->model->b, &ls->conv, &snap->conv[j]);
+            if (!rc) rc = cn_backend_copy(s->model->b, &ls->ssm, &snap->ssm[j]);
+            j++;
+        } else if (ls->type == CN_BLOCK_SWA) {
+            if (w >= snap->n_win) return CN_EINVAL;
+            int o = snap->offset, n = cn_window_rows(ls->window, o);
+            rc = cn_ring_write(s->model->b, &ls->k, &snap->win_k[w], o - n, o);
+            if (!rc) rc = cn_ring_write(s->model->b, &ls->v, &snap->win_v[w], o - n, o);
+            w++;
+        }
         if (rc) return rc;
-        j++;
     }
-    if (j != snap->n_layers) return CN_EINVAL;
+    if (j != snap->n_layers || w != snap->n_win) return CN_EINVAL;
     s->offset = snap->offset;
     return CN_OK;
 }
 
+int cn_state_can_rewind(const cn_state *s, int offset) {
+    if (offset < 0 || offset > s->offset) return 0;
+    if (offset == s->offset) return 1;
+    for (int l = 0; l < s->n_layers; l++) {
+        const cn_layer_state *ls = &s->layers[l];
+        if (ls->type == CN_BLOCK_MAMBA) return 0;
+        if (ls->type == CN_BLOCK_SWA && s->offset > ls->window) return 0; /* wrapped */
+    }
+    return 1;
+}
+
 int cn_state_rewind(cn_state *s, int offset) {
-    if (offset < 0 || offset > s->offset) return CN_EINVAL;
-    for (int l = 0; l < s->n_layers; l++)
-        if (s->layers[l].type == CN_BLOCK_MAMBA) return CN_EINVAL;
+    if (!cn_state_can_rewind(s, offset)) return CN_EINVAL;
     s->offset = offset;
     return CN_OK;
 }
@@ -108,9 +175,31 @@ int cn_state_rewind(cn_state *s, int offset) {
 /* Allocates a snapshot shaped like s's recurrent layers; copies their state when `copy`. */
 static int rsnap_make(cn_state *s, cn_rsnap *out, int copy) {
     memset(out, 0, sizeof *out);
-    int n = 0;
-    for (int l = 0; l < s->n_layers; l++) n += s->layers[l].type == CN_BLOCK_MAMBA;
+    int n = 0, nw = 0;
+    for (int l = 0; l < s->n_layers; l++) {
+        n += s->layers[l].type == CN_BLOCK_MAMBA;
+        nw += s->layers[l].type == CN_BLOCK_SWA;
+    }
     out->offset = s->offset;
+    if (nw) {
+        out->win_k = calloc((size_t)nw, sizeof *out->win_k);
+        out->win_v = calloc((size_t)nw, sizeof *out->win_v);
+        if (!out->win_k || !out->win_v) goto fail;
+        out->n_win = nw;
+        for (int l = 0, w = 0; l < s->n_layers; l++) {
+            cn_layer_state *ls = &s->layers[l];
+            if (ls->type != CN_BLOCK_SWA) continue;
+            out->win_k[w] = cn_tensor_2d(CN_F32, ls->k.shape[0], ls->k.shape[1], NULL);
+            out->win_v[w] = cn_tensor_2d(CN_F32, ls->v.shape[0], ls->v.shape[1], NULL);
+            if (cn_backend_alloc(s->model->b, &out->win_k[w]) || cn_backend_alloc(s->model->b, &out->win_v[w]))
+                goto fail;
+            int o = s->offset, r = cn_window_rows(ls->window, o);
+            if (copy && (cn_ring_read(s->model->b, &out->win_k[w], &ls->k, NULL, o, o - r, o) ||
+                         cn_ring_read(s->model->b, &out->win_v[w], &ls->v, NULL, o, o - r, o)))
+                goto fail;
+            w++;
+        }
+    }
     out->n_layers = n;
     if (n == 0) return CN_OK;
     out->conv = calloc((size_t)n, sizeof *out->conv);
@@ -154,6 +243,12 @@ void cn_rsnap_free(cn_model *m, cn_rsnap *snap) {
         if (snap->conv) cn_backend_release(m->b, &snap->conv[j]);
         if (snap->ssm) cn_backend_release(m->b, &snap->ssm[j]);
     }
+    for (int w = 0; w < snap->n_win; w++) {
+        if (snap->win_k) cn_backend_release(m->b, &snap->win_k[w]);
+        if (snap->win_v) cn_backend_release(m->b, &snap->win_v[w]);
+    }
+    free(snap->win_k);
+    free(snap->win_v);
     free(snap->conv);
     free(snap->ssm);
     memset(snap, 0, sizeof *snap);

@@ -1,6 +1,7 @@
 /* state.h - the per-sequence state of a NemotronH model: one cache per stateful layer.
  *
- * Attention layers keep an append-only KV buffer of max_ctx rows; Mamba layers keep the conv tail
+ * Attention layers keep an append-only KV buffer of max_ctx rows; sliding-window attention layers
+ * a ring of W rows (position p at row p % W, the last W positions); Mamba layers keep the conv tail
  * (the last K-1 raw inputs) and the fp32 SSM state; MoE and MLP layers keep nothing. All layers sit
  * at one offset, the number of tokens absorbed. The prefix cache (src/cache) builds snapshots and
  * the trie on top of these buffers; this module only owns and moves them.
@@ -10,6 +11,9 @@
  *  (2) A Mamba layer's state is exactly the state after `offset` tokens.
  *  (3) Rewinding is possible only to an offset whose recurrent state is supplied (cn_rsnap) or for
  *      models without recurrent layers; anything else would be a guess.
+ *  (4) A ring holds positions [max(0, offset-W), offset). Before it wraps (offset <= W) rows
+ *      [0, offset) are positions 0..offset-1 and any lower offset is a valid rewind; after, only a
+ *      restore (whole window, cn_rsnap or a snapshot) moves it.
  */
 #ifndef CN_STATE_H
 #define CN_STATE_H
@@ -20,7 +24,8 @@
 
 typedef struct cn_layer_state {
     cn_block type;
-    cn_tensor k, v;     /* attention: [max_ctx, n_kv_heads*head_dim] F32 */
+    cn_tensor k, v;     /* attention: [max_ctx, n_kv_heads*head_dim] F32; window: [W, same] ring */
+    int window;         /* W of a sliding-window layer (ring rows); 0 otherwise */
     cn_tensor conv;     /* Mamba: [K-1, conv_dim] F32, oldest first */
     cn_tensor ssm;      /* Mamba: [n_heads, head_dim*d_state] F32 */
 } cn_layer_state;
@@ -47,6 +52,17 @@ int cn_state_rewind(cn_state *s, int offset);
 int cn_state_snapshot(cn_state *s, cn_rsnap *out);
 /* A snapshot with the right shapes and undefined contents (a forward's captures fill it). */
 int cn_state_snapshot_alloc(cn_state *s, cn_rsnap *out);
+/* Rows a whole-window snapshot at offset o holds: positions [o - n, o), oldest first. */
+static inline int cn_window_rows(int window, int o) { return o < window ? o : window; }
+/* 1 when the live rings allow rewinding to `offset` (no ring has wrapped past it). */
+int cn_state_can_rewind(const cn_state *s, int offset);
+/* Copies positions [from, to) into dst's rows [0, to - from), reading position p < n_past from the
+ * ring's row p % W and p >= n_past from fresh's row p - n_past (fresh may be NULL when to <=
+ * n_past). The positions must be held: from >= n_past - W. */
+int cn_ring_read(cn_backend *b, cn_tensor *dst, const cn_tensor *ring, const cn_tensor *fresh,
+                 int n_past, int from, int to);
+/* Writes src's rows [0, to - from) as positions [from, to) (to - from <= W) into the ring. */
+int cn_ring_write(cn_backend *b, cn_tensor *ring, const cn_tensor *src, int from, int to);
 /* Bytes held by the state's buffers. */
 uint64_t cn_state_bytes(const cn_state *s);
 

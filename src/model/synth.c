@@ -92,6 +92,7 @@ typedef struct synth_model {
     cn_dtype wdtype;     /* Linear weights */
     cn_dtype small_dtype;/* norms, conv1d */
     int mtp;
+    int window;          /* sliding_window of the 'S' layers; 0 when there are none */
     synth_spec *specs;
     int n, cap;
     int oom;             /* sticky: an append failed */
@@ -192,6 +193,7 @@ static void add_mixer(synth_model *m, const char *p, char type) {
         add_linear(m, p, "out_proj.weight", H, d_in, INT64_MAX, 0);
         break;
     }
+    case 'S': /* sliding-window attention: the same tensors as '*' */
     case '*': {
         int64_t q = (int64_t)h->n_heads * h->head_dim, kv = (int64_t)h->n_kv_heads * h->head_dim;
         add_linear(m, p, "q_proj.weight", q, H, INT64_MAX, 0);
@@ -241,9 +243,11 @@ static int model_build(synth_model *m, const cn_synth_opts *o, cn_err *err) {
     m->sh = &kPresets[pi];
     const char *pat = o->pattern ? o->pattern : m->sh->pattern;
     int full = (int)strlen(pat);
-    if (full == 0 || full >= (int)sizeof m->pattern || strspn(pat, "M*E-") != (size_t)full)
-        return cn_err_set(err, CN_EINVAL, "pattern '%s' must be 1..%d of M, *, E, -", pat,
+    if (full == 0 || full >= (int)sizeof m->pattern || strspn(pat, "M*SE-") != (size_t)full)
+        return cn_err_set(err, CN_EINVAL, "pattern '%s' must be 1..%d of M, *, S, E, -", pat,
                           (int)sizeof m->pattern - 1);
+    if (o->sliding_window < 0)
+        return cn_err_set(err, CN_EINVAL, "--window %d must be at least 1", o->sliding_window);
     if (o->layers < 0 || o->layers > full)
         return cn_err_set(err, CN_EINVAL, "--layers %d out of range for preset %s (1..%d, 0 = all)",
                           o->layers, m->sh->name, full);
@@ -256,6 +260,7 @@ static int model_build(synth_model *m, const cn_synth_opts *o, cn_err *err) {
     m->wdtype = o->dtype;
     m->small_dtype = o->dtype == CN_F32 ? CN_F32 : CN_BF16;
     m->mtp = o->mtp != 0;
+    m->window = strchr(m->pattern, 'S') ? (o->sliding_window ? o->sliding_window : 16) : 0;
 
     const synth_shape *h = m->sh;
     int64_t H = h->hidden;
@@ -514,7 +519,8 @@ static cJSON *config_json(const synth_model *m) {
     cJSON_AddNumberToObject(c, "head_dim", h->head_dim);
     cJSON_AddBoolToObject(c, "attention_bias", 0);
     cJSON_AddNumberToObject(c, "attention_dropout", 0.0);
-    cJSON_AddNullToObject(c, "sliding_window");
+    if (m->window) cJSON_AddNumberToObject(c, "sliding_window", m->window); /* the 'S' layers' W */
+    else cJSON_AddNullToObject(c, "sliding_window");
     /* Mamba2 */
     cJSON_AddNumberToObject(c, "mamba_num_heads", h->m_heads);
     cJSON_AddNumberToObject(c, "mamba_head_dim", h->m_head_dim);

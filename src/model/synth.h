@@ -35,7 +35,9 @@ typedef struct cn_synth_opts {
     uint64_t seed;
     int mtp;              /* 1: one MTP block with pattern "*E"; 0: none */
     int layers;           /* 0: the preset's pattern; N: its first N layers */
-    const char *pattern;  /* NULL: the preset's; else a layer pattern of M, *, E, - to use */
+    const char *pattern;  /* NULL: the preset's; else a layer pattern of M, *, S, E, - to use
+                           * (S: sliding-window attention, with the weights of '*') */
+    int sliding_window;   /* W of the S layers (0: 16); written only when the pattern has one */
     cn_dtype dtype;       /* CN_BF16 (default), CN_F32 or CN_F8_E4M3 */
     uint64_t shard_bytes; /* 0: one model.safetensors; else the max bytes per shard */
 } cn_synth_opts;

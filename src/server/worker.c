@@ -48,8 +48,16 @@ static int should_cancel(void *ctx) {
 
 static void *worker_main(void *arg) {
     cn_worker *w = arg;
+    int maintain = 0; /* 1 while the cache has eviction work left from earlier requests */
     for (;;) {
         pthread_mutex_lock(&w->mu);
+        /* Idle: the cache's leftover eviction in small steps, a request arriving in between
+         * waits for one step at most. */
+        while (maintain && !w->count && !w->stopping) {
+            pthread_mutex_unlock(&w->mu);
+            maintain = cn_engine_maintain(w->engine, 2);
+            pthread_mutex_lock(&w->mu);
+        }
         while (!w->count && !w->stopping) pthread_cond_wait(&w->cv, &w->mu);
         if (w->stopping) {
             pthread_mutex_unlock(&w->mu);
@@ -74,6 +82,7 @@ static void *worker_main(void *arg) {
         w->completed++;
         pthread_mutex_unlock(&w->mu);
         cn_job_unref(j);
+        maintain = 1;
     }
     return NULL;
 }

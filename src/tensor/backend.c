@@ -185,6 +185,28 @@ int cn_op_attention(cn_backend *b, cn_tensor *out, const cn_tensor *q, const cn_
     return b->iface->attention(b, out, q, kc, vc, n_past, n_heads, n_kv_heads, scale);
 }
 
+int cn_op_attention_window(cn_backend *b, cn_tensor *out, const cn_tensor *q,
+                           const cn_tensor *k_new, const cn_tensor *v_new, const cn_tensor *ring_k,
+                           const cn_tensor *ring_v, int n_past, int window, int n_heads,
+                           int n_kv_heads, float scale) {
+    if (!is2d_f32(out) || !is2d_f32(q) || !same2d(out, q) || !is2d_f32(k_new) || !is2d_f32(v_new) ||
+        ring_k->ndim != 2 || ring_v->ndim != 2)
+        return CN_EINVAL;
+    if (n_heads <= 0 || n_kv_heads <= 0 || n_heads % n_kv_heads || COLS(q) % n_heads)
+        return CN_EINVAL;
+    int64_t dh = COLS(q) / n_heads;
+    if (COLS(k_new) != n_kv_heads * dh || !same2d(k_new, v_new) || ROWS(k_new) != ROWS(q))
+        return CN_EINVAL;
+    if (COLS(ring_k) != n_kv_heads * dh || !same2d(ring_k, ring_v) || ROWS(ring_k) != window ||
+        window <= 0 || n_past < 0)
+        return CN_EINVAL;
+    if (!b->iface->attention_window) return CN_EUNSUPPORTED;
+    return b->iface->attention_window(b, out, q, k_new, v_new, ring_k, ring_v, n_past, window,
+                                      n_heads, n_kv_heads, scale);
+}
+
+int cn_backend_has_attention_window(const cn_backend *b) { return b->iface->attention_window != NULL; }
+
 int cn_op_moe_route(cn_backend *b, cn_tensor *ids, cn_tensor *weights, const cn_tensor *logits,
                     const cn_tensor *bias, const cn_route_args *a) {
     if (!is2d_f32(logits) || !is2d_f32(weights) || ids->dtype != CN_I32 || ids->ndim != 2)

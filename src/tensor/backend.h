@@ -142,6 +142,19 @@ int cn_op_ssm_step(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_ten
  * out:[T, Hq*Dh]. scale is usually 1/sqrt(Dh). */
 int cn_op_attention(cn_backend *b, cn_tensor *out, const cn_tensor *q, const cn_tensor *kc,
                     const cn_tensor *vc, int n_past, int n_heads, int n_kv_heads, float scale);
+/* Sliding-window causal GQA attention over a ring of the last W positions. ring_k, ring_v:[W,
+ * Hkv*Dh] hold position p < n_past at row p % W (positions n_past-W..n_past-1 must be there);
+ * k_new, v_new:[T, Hkv*Dh] hold positions n_past..n_past+T-1. Query t sits at position
+ * p = n_past+t and attends positions max(0, p-W+1)..p (W keys, itself included). The ring is
+ * only read: the caller writes the new rows into it afterwards. Other conventions as
+ * cn_op_attention. (optional in a backend: CN_EUNSUPPORTED where it lacks the op, see
+ * cn_backend_has_attention_window.) */
+int cn_op_attention_window(cn_backend *b, cn_tensor *out, const cn_tensor *q,
+                           const cn_tensor *k_new, const cn_tensor *v_new, const cn_tensor *ring_k,
+                           const cn_tensor *ring_v, int n_past, int window, int n_heads,
+                           int n_kv_heads, float scale);
+/* 1 if the backend implements cn_op_attention_window. */
+int cn_backend_has_attention_window(const cn_backend *b);
 /* Router: s = sigmoid(logits[T,E]); choose top_k of s + bias (bias may be NULL; group-limited
  * when n_group > 1: keep the topk_group groups with the best sum of their top-2 biased scores);
  * weights are the unbiased s of the chosen, renormalised when norm_topk, times scaling.

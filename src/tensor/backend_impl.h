@@ -51,6 +51,12 @@ typedef struct cn_backend_iface {
     int (*silu)(cn_backend *b, cn_tensor *y, const cn_tensor *x);
     int (*relu2)(cn_backend *b, cn_tensor *y, const cn_tensor *x);
     int (*scale)(cn_backend *b, cn_tensor *y, const cn_tensor *x, float s);
+    /* Members added later sit here, after every member a positional initializer names. */
+    int (*attention_window)(cn_backend *b, cn_tensor *out, const cn_tensor *q,
+                            const cn_tensor *k_new, const cn_tensor *v_new,
+                            const cn_tensor *ring_k, const cn_tensor *ring_v, int n_past,
+                            int window, int n_heads, int n_kv_heads,
+                            float scale); /* (optional) default: CN_EUNSUPPORTED */
 } cn_backend_iface;
 
 struct cn_backend {

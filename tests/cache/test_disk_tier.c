@@ -190,6 +190,23 @@ static cn_result turn_res(env *v, const int32_t *toks, int n, int gen, int cache
     return res;
 }
 
+/* The eviction work closes left, done the way an idle server does it: steps of at most two
+ * nodes (a page-out or a drop each), the invariants and byte accounting holding after every one.
+ * Returns the steps taken. */
+static int drain(env *v) {
+    cn_prefix_cache *pc = &v->e->pc;
+    int steps = 0, more;
+    do {
+        uint64_t before = pc->n_evicted + pc->n_paged_out;
+        more = cn_engine_maintain(v->e, 2);
+        assert_true(pc->n_evicted + pc->n_paged_out - before <= 2);
+        assert_true(cn_pc_check(pc));
+        assert_true(cn_pc_disk_bytes_walk(pc) == pc->disk_bytes);
+        steps++;
+    } while (more);
+    return steps;
+}
+
 /* ---- file surgery ---------------------------------------------------------------------------- */
 
 static char *file_of(env *v, const char *cache, uint64_t id) {
@@ -272,7 +289,11 @@ static void test_ram_pages_to_disk(void **st) {
         memcpy(p[k], base, sizeof base);
         for (int i = 40; i < 70; i++) p[k][i] = rnd_token(v.V);
         p[k][40] = 30 + k; /* distinct branches */
+        uint64_t moved = v.e->pc.n_paged_out + v.e->pc.n_evicted;
         turn(&v, p[k], 70, 2, -1);
+        /* a request does a bounded part of the paging: a step per chunk, a few nodes at close */
+        assert_true(v.e->pc.n_paged_out + v.e->pc.n_evicted - moved <= (uint64_t)(70 / 8 + 1 + 8));
+        drain(&v);
         /* every RAM copy can go to disk, the active path's too: RAM always fits */
         assert_true(v.e->pc.ram_bytes <= budget);
     }
@@ -288,6 +309,67 @@ static void test_ram_pages_to_disk(void **st) {
     env_close(&v);
     tu_rmtree(dir);
     free(dir);
+}
+
+/* ---- sliding-window layers: whole windows in the files (slot kind 3) ------------------------ */
+
+/* On a model with sliding-window, recurrent and full-attention layers (window 16): a cancelled
+ * prompt resumes after a restart with its windows read back from disk, and a tiny RAM budget
+ * pages windows out and back in. */
+static void test_window_restart_and_page(void **st) {
+    (void)st;
+    char *dir = tu_mkdtemp("disk-swa"), *model = tu_mkdtemp("swa-model");
+    cn_synth_opts o;
+    cn_synth_opts_init(&o);
+    o.mtp = 0;
+    o.dtype = CN_F32;
+    o.pattern = "MS*ES";
+    o.sliding_window = 16;
+    cn_err err;
+    cn_err_clear(&err);
+    assert_int_equal(cn_synth_write(model, &o, &err), 0);
+    env v;
+    env_open_model(&v, model, dir, 32, 9, 1 << 30, 1 << 30);
+    assert_int_equal(v.e->pc.n_win, 2);
+    int32_t p[120];
+    for (int i = 0; i < 120; i++) p[i] = rnd_token(v.V);
+    cn_result res;
+    v.cancel_after = 4; /* forwards end at 9, 18, 27, 32, 41 */
+    assert_int_equal(run(&v, p, 120, 4, &res), CN_ECANCELED);
+    assert_int_equal(res.prompt_eval_count, 41);
+    free(res.tokens);
+    check_bytes(&v, dir);
+    env_close(&v);
+
+    env_open_model(&v, model, dir, 32, 9, 1 << 30, 1 << 30);
+    assert_int_equal(v.e->pc.n_disk_skipped, 0);
+    assert_int_equal(v.e->pc.n_disk_loaded, 2);
+    turn(&v, p, 120, 3, 41); /* the windows at 41 came from the file */
+    check_bytes(&v, dir);
+    env_close(&v);
+
+    const uint64_t budget = 48 * 1024;
+    env_open_model(&v, model, dir, 8, 8, budget, 1 << 30);
+    turn(&v, p, 120, 3, 116);
+    int32_t q[4][70];
+    for (int k = 0; k < 4; k++) {
+        memcpy(q[k], p, 40 * sizeof *p);
+        for (int i = 40; i < 70; i++) q[k][i] = rnd_token(v.V);
+        q[k][40] = 30 + k;
+        /* the first branch lands at 32 (the files' restore points are 32 apart) and captures
+         * the branch point 40, where the others restore */
+        turn(&v, q[k], 70, 2, k ? 40 : 32);
+        drain(&v);
+        assert_true(v.e->pc.ram_bytes <= budget);
+    }
+    assert_true(v.e->pc.n_paged_out > 0);
+    for (int k = 0; k < 4; k++) turn(&v, q[k], 70, 2, 66);
+    check_bytes(&v, dir);
+    env_close(&v);
+    tu_rmtree(dir);
+    tu_rmtree(model);
+    free(dir);
+    free(model);
 }
 
 /* ---- a draft cache: pair keys, draft rows in the files (format version 2) -------------------- */
@@ -512,6 +594,7 @@ static void test_disk_budget_drops_lru(void **st) {
     char *first_file = NULL;
     for (int k = 0; k < 4; k++) {
         turn(&v, p[k], 30, 1, 0);
+        drain(&v);
         if (k == 0) {
             first = node_at(&v, p[0], 26);
             first_file = file_of(&v, dir, first->disk_id);
@@ -630,6 +713,7 @@ int main(void) {
         cmocka_unit_test(test_restart_resumes),
         cmocka_unit_test(test_ram_pages_to_disk),
         cmocka_unit_test(test_draft_restart_and_page),
+        cmocka_unit_test(test_window_restart_and_page),
         cmocka_unit_test(test_bad_files_skipped),
         cmocka_unit_test(test_disk_budget_drops_lru),
     };

@@ -33,6 +33,7 @@ typedef struct env {
     float *dwant, *dgot; /* draft logits */
     int last_cached;     /* cached_tokens of the last request */
     int cancel_after; /* forwards before the cancel callback fires; <0 never */
+    int ignore_eos;   /* requests decode max_tokens whatever they sample */
     int polls;
     char *tmpdir;
 } env;
@@ -103,7 +104,8 @@ static int cancel_cb(void *ctx) {
 /* Runs a request with greedy decoding; returns the engine's code; res filled. */
 static int run(env *v, const int32_t *toks, int n, int max_tokens, cn_result *res) {
     cn_request r = {.tokens = toks, .n_tokens = n, .max_tokens = max_tokens, .cancel = cancel_cb,
-                    .ctx = v, .prompt_logits = v->got, .draft_logits = v->dgot};
+                    .ctx = v, .prompt_logits = v->got, .draft_logits = v->dgot,
+                    .ignore_eos = v->ignore_eos};
     cn_sampler_params_default(&r.sampling);
     r.sampling.temperature = 0;
     v->polls = 0;
@@ -329,6 +331,22 @@ static int evictable(cn_node *n, void *ctx) {
     return n->n_child <= 1;
 }
 
+/* The eviction work closes left, in the idle server's steps of at most two nodes, the invariants
+ * and byte accounting holding after each. Returns the steps taken. */
+static int drain(env *v) {
+    cn_prefix_cache *pc = &v->e->pc;
+    int steps = 0, more;
+    do {
+        uint64_t before = pc->n_evicted + pc->n_paged_out;
+        more = cn_engine_maintain(v->e, 2);
+        assert_true(pc->n_evicted + pc->n_paged_out - before <= 2);
+        assert_true(cn_pc_check(pc));
+        assert_true(cn_pc_ram_bytes_walk(pc) == pc->ram_bytes);
+        steps++;
+    } while (more);
+    return steps;
+}
+
 /* Under a tiny budget the active path and branch points survive, bytes stay exact. */
 static void test_eviction(void **st) {
     (void)st;
@@ -342,6 +360,7 @@ static void test_eviction(void **st) {
         for (int i = 40; i < 70; i++) p[i] = rnd_token(v.V);
         cn_result r = turn(&v, p, 70, 2, -1);
         free(r.tokens);
+        drain(&v);
         /* over budget only if nothing evictable is left */
         if (v.e->pc.ram_bytes > 64 * 1024) assert_int_equal(cn_trie_walk(&v.e->pc.trie, evictable, &v), 0);
         /* the active path is intact: an identical retry restores at its pre-end point */
@@ -349,6 +368,69 @@ static void test_eviction(void **st) {
         free(r.tokens);
     }
     assert_true(v.e->pc.n_evicted > 0);
+    env_close(&v);
+}
+
+/* A budget cut far below what the trie holds: no close does more than its step (o.evict_steps
+ * nodes, plus one between each of its forwards); the rest goes in idle steps, and what stays is
+ * the active path and branch points, each still a valid restore point. */
+static void test_eviction_in_steps(void **st) {
+    (void)st;
+    env v;
+    env_open(&v, "nh-mix-f32", 4, 8, 1 << 30);
+    int32_t p[8][60];
+    for (int k = 0; k < 8; k++) {
+        for (int i = 0; i < 60; i++) p[k][i] = rnd_token(v.V);
+        p[k][0] = 30 + k; /* separate trees: every node evictable but the last prompt's */
+        cn_result r = turn(&v, p[k], 60, 1, 0);
+        free(r.tokens);
+    }
+    assert_true(v.e->pc.trie.n_nodes > 40);
+    assert_int_equal(v.e->pc.n_evicted, 0);
+    v.e->pc.o.ram_budget = 1; /* everything off the active path must go */
+    uint64_t before = v.e->pc.n_evicted;
+    /* two forwards (56..59, where the match ends, then 59..60): one step between them */
+    cn_result r = turn(&v, p[7], 60, 1, 56);
+    free(r.tokens);
+    assert_true(v.e->pc.n_evicted - before <= (uint64_t)v.e->pc.o.evict_steps + 1);
+    assert_true(cn_pc_over_budget(&v.e->pc));
+    int steps = drain(&v);
+    assert_true(steps > 5);
+    assert_int_equal(cn_trie_walk(&v.e->pc.trie, evictable, &v), 0);
+    /* the active path still restores at its pre-end point, the others start over */
+    r = turn(&v, p[7], 60, 1, 56);
+    free(r.tokens);
+    r = turn(&v, p[2], 60, 1, 0);
+    free(r.tokens);
+    env_close(&v);
+}
+
+/* Forwards end at chunk boundaries and at the spacing's restore points only (the cancellation
+ * points, where the cancel callback is polled); the branch point and the point before the
+ * prompt's end are captured inside a forward, and still restore exactly. */
+static void test_captures_inside_forwards(void **st) {
+    (void)st;
+    env v;
+    env_open(&v, "nh-mix-f32", 16, 100, 1 << 30);
+    int32_t x[50], y[50], z[50];
+    for (int i = 0; i < 50; i++) x[i] = rnd_token(v.V);
+    memcpy(y, x, sizeof y);
+    for (int i = 21; i < 50; i++) y[i] = rnd_token(v.V);
+    y[21] = x[21] == 60 ? 61 : 60;
+    memcpy(z, y, sizeof z);
+    for (int i = 30; i < 50; i++) z[i] = rnd_token(v.V);
+    z[30] = y[30] == 70 ? 71 : 70;
+    cn_result r = turn(&v, x, 50, 1, 0);
+    free(r.tokens);
+    /* polled after 16, 32, 48, not at 46 (the pre-end point); then once for the token */
+    assert_int_equal(v.polls, 3 + 1);
+    r = turn(&v, y, 45, 1, 16);   /* diverges at 21: the branch point is captured at 21 */
+    free(r.tokens);
+    assert_int_equal(v.polls, 1 + 1); /* after 32; not at 41 (y's pre-end point) */
+    r = turn(&v, z, 50, 1, 21);   /* shares y's first 30: restores at the branch point */
+    free(r.tokens);
+    r = turn(&v, y, 45, 1, 41);   /* y's pre-end point, captured inside its last forward */
+    free(r.tokens);
     env_close(&v);
 }
 
@@ -483,7 +565,27 @@ static void test_pairs_branches(void **st) {
     env_close(&v);
 }
 
-/* Models made here with one layer kind each (plus stateless MoE/MLP blocks). */
+/* Models made here with one layer kind each (plus stateless MoE/MLP blocks); window: W of the
+ * sliding-window layers ('S'); mtp: with an MTP head (a draft cache, pair keys). */
+static void open_pattern_opts(env *v, const char *pattern, int window, int mtp, int spacing, int chunk,
+                              uint64_t budget) {
+    char *dir = tu_mkdtemp("pat");
+    assert_non_null(dir);
+    cn_synth_opts o;
+    cn_synth_opts_init(&o);
+    o.mtp = mtp;
+    o.dtype = CN_F32;
+    o.pattern = pattern;
+    o.sliding_window = window;
+    cn_err err;
+    cn_err_clear(&err);
+    int rc = cn_synth_write(dir, &o, &err);
+    if (rc) fprintf(stderr, "%s\n", err.msg);
+    assert_int_equal(rc, 0);
+    env_open_dir(v, dir, spacing, chunk, budget);
+    v->tmpdir = dir;
+}
+
 static void open_pattern(env *v, const char *pattern, int spacing, int chunk) {
     char *dir = tu_mkdtemp("pat");
     assert_non_null(dir);
@@ -527,6 +629,135 @@ static void kinds_scenario(const char *pattern, int attention_only) {
     env_close(&v);
 }
 
+/* ---- sliding-window layers -------------------------------------------------------------------- */
+
+/* kinds_scenario on a model with sliding-window layers of window W. The window rows behave like
+ * full attention while the ring has not wrapped (rewind to any offset) and like recurrent state
+ * after (whole-window snapshots at node ends only): with the prompts here (50 tokens plus the
+ * generation) a window of 64 never wraps, one of 16 always does. */
+static void swa_scenario(const char *pattern, int window, int rewinds) {
+    env v;
+    open_pattern_opts(&v, pattern, window, 0, 8, 5, 1 << 30);
+    int n_s = 0;
+    for (const char *c = pattern; *c; c++) n_s += *c == 'S';
+    assert_int_equal(v.e->pc.n_win, n_s);
+    int32_t x[50], y[50];
+    for (int i = 0; i < 50; i++) x[i] = rnd_token(v.V);
+    memcpy(y, x, sizeof y);
+    for (int i = 21; i < 50; i++) y[i] = rnd_token(v.V);
+    y[21] = x[21] == 60 ? 61 : 60;
+    cn_result res;
+    v.cancel_after = 5;
+    assert_int_equal(run(&v, x, 50, 2, &res), CN_ECANCELED);
+    int stopped = res.prompt_eval_count;
+    assert_true(stopped > window || window > 50); /* the cancelled prefill crossed the wrap */
+    free(res.tokens);
+    v.cancel_after = -1;
+    cn_result r = turn(&v, x, 50, 3, stopped);
+    free(r.tokens);
+    /* y diverges at 21: an unwrapped ring rewinds exactly there, a wrapped one restores the
+     * window snapshot at the restore point 16 */
+    r = turn(&v, y, 50, 3, rewinds ? 21 : 16);
+    free(r.tokens);
+    /* back to x: y's rows now fill the ring past 21, so x's window comes from its snapshot at
+     * the deepest restore point (48; full attention alone would reach 49) */
+    r = turn(&v, x, 50, 3, 48);
+    free(r.tokens);
+    /* decode far past the window, then extend with the whole generation: resumes at the frontier
+     * (the live ring, wrapped many times), logits equal to a cold run; the repeat decodes the
+     * same tokens as the first time */
+    int32_t z[200];
+    for (int i = 0; i < 6; i++) z[i] = rnd_token(v.V);
+    z[0] = x[0] == 70 ? 71 : 70;
+    v.ignore_eos = 1;
+    cn_result d1 = turn(&v, z, 6, 40, 0);
+    cn_result d2 = turn(&v, z, 6, 40, -1);
+    v.ignore_eos = 0;
+    assert_int_equal(d1.eval_count, 40);
+    assert_int_equal(d2.eval_count, 40);
+    assert_memory_equal(d1.tokens, d2.tokens, (size_t)d1.eval_count * 4);
+    int n = 6;
+    for (int i = 0; i < d2.eval_count; i++) z[n++] = d2.tokens[i];
+    int frontier = n - 1;
+    for (int i = 0; i < 9; i++) z[n++] = rnd_token(v.V);
+    r = turn(&v, z, n, 3, frontier);
+    free(r.tokens);
+    free(d1.tokens);
+    free(d2.tokens);
+    env_close(&v);
+}
+
+static void test_kind_window_wraps(void **st) { (void)st; swa_scenario("S-ES", 16, 0); }
+static void test_kind_window_unwrapped(void **st) { (void)st; swa_scenario("S-ES", 64, 1); }
+/* windows with recurrent layers: a rewind is never possible, the window rides with the state */
+static void test_kind_window_recurrent(void **st) { (void)st; swa_scenario("MSEM", 64, 0); }
+/* all three: sliding window, recurrent and full attention */
+static void test_kind_window_mixed(void **st) { (void)st; swa_scenario("MS*E-M*S", 16, 0); }
+
+/* Eviction under a tiny budget keeps the active path and branch points with their windows, and
+ * the byte accounting counts every window snapshot. */
+static void test_window_eviction(void **st) {
+    (void)st;
+    env v;
+    open_pattern_opts(&v, "MS*E", 16, 0, 8, 8, 48 * 1024);
+    int32_t base[40];
+    for (int i = 0; i < 40; i++) base[i] = rnd_token(v.V);
+    for (int k = 0; k < 5; k++) {
+        int32_t p[70];
+        memcpy(p, base, sizeof base);
+        for (int i = 40; i < 70; i++) p[i] = rnd_token(v.V);
+        cn_result r = turn(&v, p, 70, 2, -1);
+        free(r.tokens);
+        drain(&v);
+        if (v.e->pc.ram_bytes > 48 * 1024) assert_int_equal(cn_trie_walk(&v.e->pc.trie, evictable, &v), 0);
+        r = turn(&v, p, 70, 2, 66);
+        free(r.tokens);
+    }
+    assert_true(v.e->pc.n_evicted > 0);
+    env_close(&v);
+}
+
+/* Pair keys on a target with sliding-window layers (the MTP head's own layers are full attention):
+ * cancel, retry, branch and repeat hold target and draft logits to a cold run. */
+static void test_pairs_window(void **st) {
+    (void)st;
+    env v;
+    open_pattern_opts(&v, "MS*E", 16, 1, 8, 5, 1 << 30);
+    assert_int_equal(v.e->pc.lookahead, 1);
+    int32_t x[50], y[50];
+    for (int i = 0; i < 50; i++) x[i] = rnd_token(v.V);
+    memcpy(y, x, sizeof y);
+    for (int i = 21; i < 50; i++) y[i] = rnd_token(v.V);
+    y[21] = x[21] == 60 ? 61 : 60;
+    cn_result res;
+    v.cancel_after = 3;
+    assert_int_equal(run(&v, x, 50, 2, &res), CN_ECANCELED);
+    int stopped = res.prompt_eval_count;
+    free(res.tokens);
+    v.cancel_after = -1;
+    cn_result r = turn(&v, x, 50, 3, stopped);
+    free(r.tokens);
+    r = turn(&v, y, 50, 3, 16); /* diverges at key 20: the restore point 16 */
+    free(r.tokens);
+    r = turn(&v, x, 50, 3, 48);
+    free(r.tokens);
+    /* speculative decoding far past the window (verify rounds restore windows from captures)
+     * gives the tokens plain decoding gives */
+    v.ignore_eos = 1;
+    cn_result spec = turn(&v, y, 50, 40, -1);
+    cn_request pr = {.tokens = y, .n_tokens = 50, .max_tokens = 40, .ignore_eos = 1, .no_speculate = 1};
+    cn_sampler_params_default(&pr.sampling);
+    pr.sampling.temperature = 0;
+    cn_result plain;
+    assert_int_equal(cn_engine_generate(v.e, &pr, &plain), 0);
+    assert_true(spec.draft_proposed > 0);
+    assert_int_equal(plain.eval_count, 40);
+    assert_memory_equal(spec.tokens, plain.tokens, 40 * sizeof(int32_t));
+    free(spec.tokens);
+    free(plain.tokens);
+    env_close(&v);
+}
+
 static void test_kind_attention_only(void **st) { (void)st; kinds_scenario("**E*-E**", 1); }
 static void test_kind_recurrent_only(void **st) { (void)st; kinds_scenario("MEM-M", 0); }
 static void test_kind_mixed(void **st) { (void)st; kinds_scenario("M*E-M*", 0); }
@@ -536,8 +767,16 @@ int main(void) {
         cmocka_unit_test(test_repeat_and_extend),  cmocka_unit_test(test_conversation_turns),
         cmocka_unit_test(test_cancel_and_retry),   cmocka_unit_test(test_branches_alternate),
         cmocka_unit_test(test_eviction),           cmocka_unit_test(test_lru_touches_used_only),
+        cmocka_unit_test(test_eviction_in_steps),
+        cmocka_unit_test(test_captures_inside_forwards),
         cmocka_unit_test(test_kind_attention_only), cmocka_unit_test(test_kind_recurrent_only),
         cmocka_unit_test(test_kind_mixed),
+        cmocka_unit_test(test_kind_window_wraps),
+        cmocka_unit_test(test_kind_window_unwrapped),
+        cmocka_unit_test(test_kind_window_recurrent),
+        cmocka_unit_test(test_kind_window_mixed),
+        cmocka_unit_test(test_window_eviction),
+        cmocka_unit_test(test_pairs_window),
         cmocka_unit_test(test_pairs_repeat_and_extend),
         cmocka_unit_test(test_pairs_cancel_and_retry),
         cmocka_unit_test(test_pairs_branches),

@@ -60,6 +60,22 @@ static void test_success(void **state) {
     assert_true(exists("m2/hf_quant_config.json"));
     assert_non_null(strstr(output(), "2 layers \"M*\""));
 
+    /* sliding-window attention layers: 'S' with the window in config.json */
+    snprintf(args, sizeof args, "--preset tiny --out '%s/m3' --no-mtp --pattern 'MS*E' --window 8", g_tmp);
+    assert_int_equal(run(args), 0);
+    assert_non_null(strstr(output(), "4 layers \"MS*E\""));
+    char cfg[1200];
+    snprintf(cfg, sizeof cfg, "%s/m3/config.json", g_tmp);
+    FILE *f = fopen(cfg, "rb");
+    assert_non_null(f);
+    static char text[16384];
+    text[fread(text, 1, sizeof text - 1, f)] = 0;
+    fclose(f);
+    char *sw = strstr(text, "\"sliding_window\"");
+    assert_non_null(sw);
+    assert_int_equal(atoi(sw + strcspn(sw, "0123456789")), 8);
+    assert_null(strstr(sw + 1, "\"sliding_window\"")); /* once */
+
     assert_int_equal(run("--help"), 0);
     assert_non_null(strstr(output(), "--preset"));
 }
@@ -78,6 +94,12 @@ static void test_usage_errors(void **state) {
     assert_int_equal(run(args), 2);
     snprintf(args, sizeof args, "--preset tiny --out '%s/bad' --layers 0", g_tmp);
     assert_int_equal(run(args), 2);
+    snprintf(args, sizeof args, "--preset tiny --out '%s/bad' --pattern 'MX'", g_tmp);
+    assert_int_equal(run(args), 2);
+    assert_non_null(strstr(output(), "M, *, S, E, -"));
+    snprintf(args, sizeof args, "--preset tiny --out '%s/bad' --pattern 'MS' --window -3", g_tmp);
+    assert_int_equal(run(args), 2);
+    assert_non_null(strstr(output(), "--window"));
     snprintf(args, sizeof args, "--preset tiny --out '%s/bad' --bogus", g_tmp);
     assert_int_equal(run(args), 2);
     assert_false(exists("bad"));

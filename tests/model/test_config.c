@@ -55,13 +55,14 @@ static char *dq(const char *s) {
 
 /* The Nano config with field set to the JSON text value (quotes as '), or removed when value is
  * NULL; up to two edits. Returns malloc'd JSON. */
-static char *nano_with2(const char *f1, const char *v1, const char *f2, const char *v2) {
+static char *nano_with3(const char *f1, const char *v1, const char *f2, const char *v2,
+                        const char *f3, const char *v3) {
     char *base = dq(k_nano);
     cJSON *root = cJSON_Parse(base);
     free(base);
     assert_non_null(root);
-    const char *f[2] = {f1, f2}, *v[2] = {v1, v2};
-    for (int i = 0; i < 2; i++) {
+    const char *f[3] = {f1, f2, f3}, *v[3] = {v1, v2, v3};
+    for (int i = 0; i < 3; i++) {
         if (!f[i]) continue;
         cJSON_DeleteItemFromObjectCaseSensitive(root, f[i]);
         if (v[i]) {
@@ -76,6 +77,10 @@ static char *nano_with2(const char *f1, const char *v1, const char *f2, const ch
     cJSON_Delete(root);
     assert_non_null(out);
     return out;
+}
+
+static char *nano_with2(const char *f1, const char *v1, const char *f2, const char *v2) {
+    return nano_with3(f1, v1, f2, v2, NULL, NULL);
 }
 
 static char *nano_with(const char *field, const char *value) {
@@ -475,6 +480,32 @@ static void test_wrong_types_and_ranges(void **state) {
                  "129 is more than n_routed_experts 128");
 }
 
+/* Sliding-window attention as Hugging Face configs declare it: `sliding_window` plus the layers
+ * marked sliding_attention in layer_types (or 'S' in the string). */
+static void test_sliding_window(void **state) {
+    (void)state;
+    cn_config c;
+    parse_ok(&c, nano_with2("hybrid_override_pattern", "'MS*E'", "sliding_window", "64"));
+    assert_string_equal(c.layers, "MS*E");
+    assert_int_equal(c.sliding_window, 64);
+    assert_int_equal(cn_config_count(&c, CN_BLOCK_SWA), 1);
+    assert_true(cn_block_is_attn(CN_BLOCK_SWA) && cn_block_is_attn(CN_BLOCK_ATTN));
+    assert_int_equal(c.n_heads, 32); /* the attention fields serve both kinds */
+    cn_config_free(&c);
+    parse_ok(&c, nano_with3("hybrid_override_pattern", NULL, "layer_types",
+                            "['mamba', 'sliding_attention', 'full_attention', 'moe']",
+                            "sliding_window", "64"));
+    assert_string_equal(c.layers, "MS*E");
+    cn_config_free(&c);
+    /* without an 'S' layer the window is ignored, a null one too (Mistral writes null) */
+    parse_ok(&c, nano_with("sliding_window", "null"));
+    assert_int_equal(c.sliding_window, 0);
+    cn_config_free(&c);
+    parse_ok(&c, nano_with("sliding_window", "4096"));
+    assert_int_equal(c.sliding_window, 0);
+    cn_config_free(&c);
+}
+
 static void test_bad_patterns(void **state) {
     (void)state;
     expect_error(nano_with("hybrid_override_pattern", "'MEM?*E'"), CN_ECONFIG,
@@ -488,6 +519,12 @@ static void test_bad_patterns(void **state) {
                  CN_ECONFIG, "layers_block_type", "must be a list");
     expect_error(nano_with2("hybrid_override_pattern", NULL, "layers_block_type", "[]"),
                  CN_ECONFIG, "layers_block_type", "empty");
+    /* an 'S' layer needs its window */
+    expect_error(nano_with("hybrid_override_pattern", "'MS*E'"), CN_ECONFIG, "sliding_window",
+                 "required field is missing");
+    expect_error(nano_with2("hybrid_override_pattern", NULL, "layer_types",
+                            "['mamba', 'sliding_attention']"),
+                 CN_ECONFIG, "sliding_window", "missing");
 }
 
 static void test_intermediate_size_list(void **state) {
@@ -639,6 +676,7 @@ int main(void) {
         cmocka_unit_test(test_mtp),
         cmocka_unit_test(test_missing_required),
         cmocka_unit_test(test_wrong_types_and_ranges),
+        cmocka_unit_test(test_sliding_window),
         cmocka_unit_test(test_bad_patterns),
         cmocka_unit_test(test_intermediate_size_list),
         cmocka_unit_test(test_not_json),

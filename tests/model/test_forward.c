@@ -16,6 +16,7 @@
 
 #include "model/model.h"
 #include "model/state.h"
+#include "model/synth.h"
 #include "test_util.h"
 
 #define REL_TOL 1e-4
@@ -205,6 +206,111 @@ static void check_decode(const char *name) {
 static void test_decode_mix(void **st) { (void)st; check_decode("nh-mix-f32"); }
 static void test_decode_group(void **st) { (void)st; check_decode("nh-group-bf16"); }
 
+/* ---- sliding-window attention ---------------------------------------------------------------- */
+
+/* A synthetic f32 checkpoint with pattern pat (window 8 where it has 'S'), seed 0: two patterns
+ * that differ only in '*' vs 'S' have the same weights. Returns the directory (caller frees). */
+static char *make_swa_model(fixture *f, const char *pat, int ubatch) {
+    char *dir = tu_mkdtemp("swa");
+    assert_non_null(dir);
+    cn_synth_opts o;
+    cn_synth_opts_init(&o);
+    o.mtp = 0;
+    o.dtype = CN_F32;
+    o.pattern = pat;
+    o.sliding_window = 8;
+    cn_err err;
+    cn_err_clear(&err);
+    assert_int_equal(cn_synth_write(dir, &o, &err), 0);
+    f->b = tu_backend(2);
+    cn_model_opts mo = {.ubatch = ubatch};
+    assert_int_equal(cn_model_open(&f->m, dir, f->b, &mo, &err), 0);
+    f->V = cn_model_config(f->m)->vocab_size;
+    f->H = cn_model_config(f->m)->hidden_size;
+    return dir;
+}
+
+static void drop_model(fixture *f, char *dir) {
+    close_model(f);
+    tu_rmtree(dir);
+    free(dir);
+}
+
+/* The window: equal to full attention while it covers everything, different after; one forward
+ * equals any split of it, token-by-token decode, and resuming from captures or a rewind. */
+static void test_sliding_window(void **st) {
+    (void)st;
+    fixture fs, ff;
+    char *ds = make_swa_model(&fs, "MS-S", 7), *df = make_swa_model(&ff, "M*-*", 7);
+    enum { N = 40 };
+    int32_t tok[N];
+    for (int i = 0; i < N; i++) tok[i] = 20 + (i * 37) % 400;
+    float *ref = prefill_all(&fs, tok, N, NULL), *full = prefill_all(&ff, tok, N, NULL);
+    /* positions 0..7 see at most 8 keys: the window changes nothing there, and everything after */
+    assert_true(tu_rel_err(ref, full, (size_t)8 * fs.V) < SELF_TOL);
+    assert_true(tu_rel_err(ref + (size_t)8 * fs.V, full + (size_t)8 * fs.V, (size_t)(N - 8) * fs.V) > 1e-3);
+    float *lg = malloc((size_t)N * fs.V * sizeof *lg);
+    cn_state *s;
+    assert_int_equal(cn_state_create(&s, fs.m, N, 0), 0);
+    assert_int_equal(s->layers[1].k.shape[0], 8); /* the ring holds W rows, not max_ctx */
+    /* every split point, pieces of 7 (smaller and larger than nothing in particular) */
+    for (int p = 1; p < N; p++) {
+        assert_int_equal(cn_state_reset(s), 0);
+        cn_batch a = {.tokens = tok, .n = p, .all_logits = 1, .logits = lg};
+        cn_batch b = {.tokens = tok + p, .n = N - p, .all_logits = 1, .logits = lg + (size_t)p * fs.V};
+        assert_int_equal(cn_model_forward(fs.m, s, &a), 0);
+        assert_int_equal(cn_model_forward(fs.m, s, &b), 0);
+        double e = tu_rel_err(lg, ref, (size_t)N * fs.V);
+        if (e >= SELF_TOL) fprintf(stderr, "swa split at %d: rel err %.3g\n", p, e);
+        assert_true(e < SELF_TOL);
+    }
+    /* decode past the window */
+    assert_int_equal(cn_state_reset(s), 0);
+    for (int i = 0; i < N; i++) assert_int_equal(cn_model_decode(fs.m, s, tok[i], lg + (size_t)i * fs.V), 0);
+    assert_true(tu_rel_err(lg, ref, (size_t)N * fs.V) < SELF_TOL);
+    /* captures before, at and after the wrap, inside and at the edges of pieces */
+    int at[] = {3, 7, 8, 9, 17, 30, N};
+    int nc = (int)(sizeof at / sizeof at[0]);
+    cn_rsnap caps[7];
+    assert_int_equal(cn_state_reset(s), 0);
+    cn_batch bt = {.tokens = tok, .n = N, .capture_at = at, .n_capture = nc, .captures = caps};
+    assert_int_equal(cn_model_forward(fs.m, s, &bt), 0);
+    assert_int_equal(caps[0].n_win, 2);
+    for (int c = nc - 2; c >= 0; c--) {
+        assert_int_equal(cn_state_restore(s, &caps[c]), 0);
+        cn_batch rest = {.tokens = tok + at[c], .n = N - at[c], .all_logits = 1, .logits = lg};
+        assert_int_equal(cn_model_forward(fs.m, s, &rest), 0);
+        double e = tu_rel_err(lg, ref + (size_t)at[c] * fs.V, (size_t)(N - at[c]) * fs.V);
+        if (e >= SELF_TOL) fprintf(stderr, "swa restore at %d: rel err %.3g\n", at[c], e);
+        assert_true(e < SELF_TOL);
+    }
+    for (int c = 0; c < nc; c++) cn_rsnap_free(fs.m, &caps[c]);
+    cn_state_free(s);
+    /* without recurrent layers: a rewind works until the ring wraps, never after */
+    fixture fw;
+    char *dw = make_swa_model(&fw, "S-*S", 7);
+    float *rw = prefill_all(&fw, tok, N, NULL);
+    assert_int_equal(cn_state_create(&s, fw.m, N, 0), 0);
+    cn_batch six = {.tokens = tok, .n = 8};
+    assert_int_equal(cn_model_forward(fw.m, s, &six), 0);
+    assert_true(cn_state_can_rewind(s, 3));
+    assert_int_equal(cn_state_rewind(s, 3), 0); /* 8 <= W: rows 0..7 are positions 0..7 */
+    cn_batch rest = {.tokens = tok + 3, .n = N - 3, .all_logits = 1, .logits = lg};
+    assert_int_equal(cn_model_forward(fw.m, s, &rest), 0);
+    assert_true(tu_rel_err(lg, rw + (size_t)3 * fw.V, (size_t)(N - 3) * fw.V) < SELF_TOL);
+    assert_false(cn_state_can_rewind(s, N - 1)); /* wrapped */
+    assert_int_equal(cn_state_rewind(s, N - 1), CN_EINVAL);
+    assert_int_equal(cn_state_rewind(s, N), 0);  /* staying put is always fine */
+    cn_state_free(s);
+    free(rw);
+    drop_model(&fw, dw);
+    free(lg);
+    free(ref);
+    free(full);
+    drop_model(&fs, ds);
+    drop_model(&ff, df);
+}
+
 /* Verify (k tokens, all logits) equals the same positions of a prefill. */
 static void test_verify(void **st) {
     (void)st;
@@ -337,6 +443,7 @@ int main(void) {
         cmocka_unit_test(test_decode_mix),        cmocka_unit_test(test_decode_group),
         cmocka_unit_test(test_verify),            cmocka_unit_test(test_capture_restore),
         cmocka_unit_test(test_mtp),               cmocka_unit_test(test_bad_batches),
+        cmocka_unit_test(test_sliding_window),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -7,7 +7,7 @@
  *   rmsnorm, gated_rmsnorm, moe_combine, elementwise          2e-6
  *   conv1d                                                    2e-6
  *   ssm_scan (9 steps of a recurrence)                        2e-5
- *   attention (online softmax)                                2e-5
+ *   attention, sliding-window attention (online softmax)      2e-5
  *   get_rows, routing ids                                     exact
  * Equalities that the backend promises exactly (thread counts 1 vs 3, a scan vs its steps or
  * segments, conv1d in one call vs two) are checked with memcmp.
@@ -890,6 +890,114 @@ static void test_attention_threads_agree(void **state) {
     cn_backend_free(b3);
 }
 
+/* Sliding-window attention: positions 0..n_past-1 in a ring of W rows (p at row p % W, rows no
+ * position owns hold 1e30), the T new ones in a strided view; against a naive windowed attention
+ * over the whole sequence, each query attending its last W positions. */
+static void check_attention_window(cn_backend *b, rng *r, cn_dtype dt, int T, int n_past, int Wn,
+                                   int Hq, int Hkv, int64_t Dh, view *y_out) {
+    const int64_t C = Hkv * Dh;
+    float scale = 1.0f / sqrtf((float)Dh);
+    /* the past, whole; then its last W positions copied into the ring */
+    cache pk = cache_rand(r, dt, n_past + 1, C, n_past), pv = cache_rand(r, dt, n_past + 1, C, n_past);
+    cache rk = cache_rand(r, dt, Wn, C, 0), rv = cache_rand(r, dt, Wn, C, 0); /* all 1e30 */
+    size_t es = cn_dtype_size(dt);
+    for (int p = n_past - Wn > 0 ? n_past - Wn : 0; p < n_past; p++) {
+        memcpy((char *)rk.buf + (size_t)(p % Wn) * C * es, (char *)pk.buf + (size_t)p * C * es, (size_t)C * es);
+        memcpy((char *)rv.buf + (size_t)(p % Wn) * C * es, (char *)pv.buf + (size_t)p * C * es, (size_t)C * es);
+    }
+    view kn = view_rand(r, T, C, 3, -1, 1), vn = view_rand(r, T, C, 3, -1, 1);
+    view q = view_rand(r, T, Hq * Dh, 5, -1, 1);
+    view out = view_make(T, Hq * Dh, 2);
+    assert_int_equal(cn_op_attention_window(b, &out.t, &q.t, &kn.t, &vn.t, &rk.t, &rv.t, n_past, Wn,
+                                            Hq, Hkv, scale), CN_OK);
+    double *ref = malloc((size_t)(T * Hq * Dh) * sizeof(double));
+    for (int64_t t = 0; t < T; t++)
+        for (int h = 0; h < Hq; h++) {
+            int kvh = h / (Hq / Hkv);
+            int64_t pos = n_past + t, lo = pos - Wn + 1 > 0 ? pos - Wn + 1 : 0, n = pos - lo + 1;
+            double *sc = malloc((size_t)n * sizeof(double)), m = -INFINITY, l = 0;
+            for (int64_t s = 0; s < n; s++) {
+                int64_t p = lo + s;
+                double d = 0;
+                for (int64_t i = 0; i < Dh; i++) {
+                    double k = p < n_past ? pk.val[p * C + kvh * Dh + i] : *at(&kn, p - n_past, kvh * Dh + i);
+                    d += (double)*at(&q, t, h * Dh + i) * k;
+                }
+                sc[s] = d * scale;
+                if (sc[s] > m) m = sc[s];
+            }
+            for (int64_t s = 0; s < n; s++) l += (sc[s] = exp(sc[s] - m));
+            for (int64_t i = 0; i < Dh; i++) {
+                double o = 0;
+                for (int64_t s = 0; s < n; s++) {
+                    int64_t p = lo + s;
+                    o += sc[s] * (p < n_past ? pv.val[p * C + kvh * Dh + i] : *at(&vn, p - n_past, kvh * Dh + i));
+                }
+                ref[t * Hq * Dh + h * Dh + i] = o / l;
+            }
+            free(sc);
+        }
+    char what[96];
+    snprintf(what, sizeof what, "attention_window %s T=%d past=%d W=%d Hq=%d Hkv=%d Dh=%lld",
+             cn_dtype_name(dt), T, n_past, Wn, Hq, Hkv, (long long)Dh);
+    expect_view_close(what, &out, ref, 2e-5);
+    free(ref);
+    if (y_out) *y_out = out;
+    else view_free(&out);
+    view_free(&q);
+    view_free(&kn);
+    view_free(&vn);
+    cache_free(&pk);
+    cache_free(&pv);
+    cache_free(&rk);
+    cache_free(&rv);
+}
+
+static void test_attention_window(void **state) {
+    (void)state;
+    for (int isa = 0; isa < N_ISA; isa++) {
+        cn_backend *b = backend(2, isa);
+        rng r = {14};
+        check_attention_window(b, &r, CN_F32, 5, 0, 8, 4, 2, 19, NULL);    /* from empty, T < W */
+        check_attention_window(b, &r, CN_F32, 13, 0, 8, 4, 2, 19, NULL);   /* T > W: the window slides in the batch */
+        check_attention_window(b, &r, CN_F32, 3, 5, 8, 4, 2, 16, NULL);    /* ring not yet wrapped */
+        check_attention_window(b, &r, CN_F32, 4, 21, 8, 3, 3, 8, NULL);    /* wrapped ring, MHA */
+        check_attention_window(b, &r, CN_F32, 1, 37, 8, 12, 2, 16, NULL);  /* decode; group of 6 */
+        check_attention_window(b, &r, CN_F32, 20, 9, 6, 2, 1, 8, NULL);    /* T > W after a wrap */
+        check_attention_window(b, &r, CN_BF16, 4, 11, 8, 4, 1, 33, NULL);  /* bf16 ring, MQA */
+        check_attention_window(b, &r, CN_F32, 3, 300, 200, 2, 1, 8, NULL); /* several key chunks */
+        check_attention_window(b, &r, CN_F32, 150, 50, 140, 2, 1, 8, NULL); /* ...of new rows too */
+        /* a window wider than everything: plain causal attention */
+        check_attention_window(b, &r, CN_F32, 5, 7, 64, 4, 2, 19, NULL);
+        /* shapes that do not fit are refused */
+        view q = view_make(2, 8, 0), o = view_make(2, 8, 0), k = view_make(2, 8, 0);
+        cache ring = cache_rand(&r, CN_F32, 4, 8, 0);
+        assert_int_equal(cn_op_attention_window(b, &o.t, &q.t, &k.t, &k.t, &ring.t, &ring.t, 0, 5, 1,
+                                                1, 1.0f), CN_EINVAL); /* ring rows != W */
+        assert_int_equal(cn_op_attention_window(b, &o.t, &q.t, &k.t, &k.t, &ring.t, &ring.t, -1, 4, 1,
+                                                1, 1.0f), CN_EINVAL);
+        view_free(&q);
+        view_free(&o);
+        view_free(&k);
+        cache_free(&ring);
+        cn_backend_free(b);
+    }
+}
+
+static void test_attention_window_threads_agree(void **state) {
+    (void)state;
+    cn_backend *b1 = backend(1, ISA_BEST), *b3 = backend(3, ISA_BEST);
+    rng r1 = {15}, r3 = {15};
+    view y1, y3;
+    check_attention_window(b1, &r1, CN_F32, 16, 40, 24, 8, 2, 64, &y1);
+    check_attention_window(b3, &r3, CN_F32, 16, 40, 24, 8, 2, 64, &y3);
+    assert_true(views_equal(&y1, &y3));
+    view_free(&y1);
+    view_free(&y3);
+    cn_backend_free(b1);
+    cn_backend_free(b3);
+}
+
 /* ---------------------------------------------------------------- moe */
 
 /* Reference router: rank (kept group first, biased score desc, index asc) by selection sort. */
@@ -1176,6 +1284,8 @@ int main(void) {
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_threads_agree),
         cmocka_unit_test(test_attention_long_context_decode_equals_prefill),
+        cmocka_unit_test(test_attention_window),
+        cmocka_unit_test(test_attention_window_threads_agree),
         cmocka_unit_test(test_moe_route),
         cmocka_unit_test(test_moe_combine),
         cmocka_unit_test(test_elementwise),

@@ -16,6 +16,10 @@
  *    Long contexts of few kv heads are split over threads by key ranges, each range's (max, sum,
  *    unnormalised output) merged afterwards in range order, so the result is the same for any
  *    thread count.
+ *
+ * The sliding-window form runs the generic path over the positions of the window, its chunks cut
+ * where the rows stop being contiguous: at the ring's wrap and where the new rows (positions
+ * >= n_past, passed apart from the ring) begin.
  */
 #include <math.h>
 #include <string.h>
@@ -33,6 +37,8 @@ typedef struct att_job {
     const cpu_ctx *c;
     const cn_tensor *out, *q, *kc, *vc;
     cpu_wmat km, vm; /* row views of the caches, K = head_dim */
+    cpu_wmat nkm, nvm; /* window form: views of the new rows (positions n_past..) */
+    int window;        /* 0: plain causal attention over km/vm; W: the ring form */
     int n_past, n_kv, group, n_sub;
     int64_t Dh;
     float scale;
@@ -44,12 +50,32 @@ typedef struct att_job {
     double *piece_l; /* [CPU_ATT_HB] per piece */
 } att_job;
 
+/* The run of keys from position s0 (at most max of them) that sits in one contiguous stretch of
+ * rows: the cache rows from s0, or in the ring form ring rows up to the wrap or to n_past, or the
+ * new rows. Sets the matrices and the first rows; returns the run's length. */
+static inline int att_run(const att_job *j, int64_t s0, int max, const cpu_wmat **km,
+                          const cpu_wmat **vm, const char **k0, const char **v0) {
+    int64_t r = s0, n = max;
+    *km = &j->km;
+    *vm = &j->vm;
+    if (j->window && s0 >= j->n_past) {
+        *km = &j->nkm;
+        *vm = &j->nvm;
+        r = s0 - j->n_past;
+    } else if (j->window) {
+        r = s0 % j->window;
+        if (n > j->n_past - s0) n = j->n_past - s0;
+        if (n > j->window - r) n = j->window - r;
+    }
+    *k0 = (*km)->data + r * (*km)->stride;
+    *v0 = (*vm)->data + r * (*vm)->stride;
+    return (int)n;
+}
+
 static void att_task(void *arg, int begin, int end) {
     const att_job *j = arg;
     const cpu_kernels *kern = &j->c->kern;
     const int64_t Dh = j->Dh;
-    const int64_t kw = Dh * (int64_t)cn_dtype_size(j->kc->dtype); /* bytes of one kv head */
-    const int64_t vw = Dh * (int64_t)cn_dtype_size(j->vc->dtype);
     float p[ATT_HB][ATT_KB]; /* scores, then probabilities, of one chunk of keys */
     for (int i = begin; i < end; i++) {
         int per_t = j->n_kv * j->n_sub;
@@ -66,12 +92,18 @@ static void att_task(void *arg, int begin, int end) {
         }
         memset(orow, 0, (size_t)(hb * Dh) * sizeof(float));
         const int64_t n_keys = (int64_t)j->n_past + t + 1; /* causal: positions 0..n_past+t */
-        for (int64_t s0 = 0; s0 < n_keys; s0 += ATT_KB) {
-            const int nk = n_keys - s0 < ATT_KB ? (int)(n_keys - s0) : ATT_KB;
+        const int64_t first = j->window && n_keys > j->window ? n_keys - j->window : 0;
+        for (int64_t s0 = first; s0 < n_keys;) {
+            const cpu_wmat *km, *vm;
+            const char *k0, *v0;
+            const int nk = att_run(j, s0, n_keys - s0 < ATT_KB ? (int)(n_keys - s0) : ATT_KB, &km,
+                                   &vm, &k0, &v0);
+            const int64_t kw = Dh * (int64_t)cn_dtype_size(km->dtype); /* bytes of one kv head */
+            const int64_t vw = Dh * (int64_t)cn_dtype_size(vm->dtype);
             for (int s = 0; s < nk; s++) {
-                const char *krow = j->km.data + (s0 + s) * j->km.stride + kvh * kw;
+                const char *krow = k0 + s * km->stride + kvh * kw;
                 for (int h = 0; h < hb; h++)
-                    p[h][s] = kern->dot_w(&j->km, krow, qrow + h * Dh) * j->scale;
+                    p[h][s] = kern->dot_w(km, krow, qrow + h * Dh) * j->scale;
             }
             for (int h = 0; h < hb; h++) {
                 float cm = m[h];
@@ -87,9 +119,10 @@ static void att_task(void *arg, int begin, int end) {
                 l[h] += sum;
             }
             for (int s = 0; s < nk; s++) {
-                const char *vrow = j->vm.data + (s0 + s) * j->vm.stride + kvh * vw;
-                for (int h = 0; h < hb; h++) kern->axpy_w(&j->vm, p[h][s], vrow, orow + h * Dh);
+                const char *vrow = v0 + s * vm->stride + kvh * vw;
+                for (int h = 0; h < hb; h++) kern->axpy_w(vm, p[h][s], vrow, orow + h * Dh);
             }
+            s0 += nk;
         }
         for (int h = 0; h < hb; h++) {
             float inv = (float)(1.0 / l[h]);
@@ -419,3 +452,23 @@ void cpu_att_heads_avx512(const cpu_att_args *a) {
     else at_heads16(a);
 }
 #endif
+
+int cpu_attention_window(cn_backend *b, cn_tensor *out, const cn_tensor *q, const cn_tensor *k_new,
+                         const cn_tensor *v_new, const cn_tensor *ring_k, const cn_tensor *ring_v,
+                         int n_past, int window, int n_heads, int n_kv_heads, float scale) {
+    cpu_ctx *c = cpu_ctx_of(b);
+    if (!cache_dtype_ok(ring_k->dtype) || !cache_dtype_ok(ring_v->dtype)) return CN_EUNSUPPORTED;
+    const int64_t T = q->shape[0], Dh = q->shape[1] / n_heads;
+    att_job j = {.c = c, .out = out, .q = q, .kc = ring_k, .vc = ring_v, .n_past = n_past,
+                 .window = window, .n_kv = n_kv_heads, .group = n_heads / n_kv_heads, .Dh = Dh,
+                 .scale = scale};
+    j.n_sub = (j.group + ATT_HB - 1) / ATT_HB;
+    j.km = cache_view(c, ring_k, Dh);
+    j.vm = cache_view(c, ring_v, Dh);
+    j.nkm = cache_view(c, k_new, Dh);
+    j.nvm = cache_view(c, v_new, Dh);
+    int64_t keys = n_past + T < window ? n_past + T : window;
+    int64_t work = T * n_heads * keys * Dh * 4;
+    cpu_parallel(c, (int)T * n_kv_heads * j.n_sub, work, att_task, &j);
+    return CN_OK;
+}

@@ -214,6 +214,7 @@ static const cn_backend_iface cpu_iface = {
     .silu = cpu_silu,
     .relu2 = cpu_relu2,
     .scale = cpu_scale,
+    .attention_window = cpu_attention_window,
 };
 
 cn_backend *cn_cpu_backend_create(int n_threads) {

@@ -149,6 +149,9 @@ int cpu_ssm_scan(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tenso
                  const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a, cn_tensor *state);
 int cpu_attention(cn_backend *b, cn_tensor *out, const cn_tensor *q, const cn_tensor *kc,
                   const cn_tensor *vc, int n_past, int n_heads, int n_kv_heads, float scale);
+int cpu_attention_window(cn_backend *b, cn_tensor *out, const cn_tensor *q, const cn_tensor *k_new,
+                         const cn_tensor *v_new, const cn_tensor *ring_k, const cn_tensor *ring_v,
+                         int n_past, int window, int n_heads, int n_kv_heads, float scale);
 int cpu_moe_route(cn_backend *b, cn_tensor *ids, cn_tensor *weights, const cn_tensor *logits,
                   const cn_tensor *bias, const cn_route_args *a);
 int cpu_moe_combine(cn_backend *b, cn_tensor *y, const cn_tensor *rows, const cn_tensor *weights);
