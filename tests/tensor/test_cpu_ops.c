@@ -271,6 +271,15 @@ static void test_matmul_simd_matches_scalar_and_threads_agree(void **state) {
             assert_int_equal(cn_op_matmul(bs[i], &y[i].t, &w.t, &x.t), CN_OK);
         }
         for (int i = 0; i < 6; i += 2) assert_true(views_equal(&y[i], &y[i + 1])); /* bit-identical */
+        /* decode's one-row matmul (the streaming path) gives each row exactly as prefill did */
+        for (int i = 0; i < 6; i += 2)
+            for (int64_t t = 0; t < T; t++) {
+                view y1 = view_make(1, N, 1);
+                cn_tensor x1 = cn_tensor_rows(&x.t, t, 1);
+                assert_int_equal(cn_op_matmul(bs[i], &y1.t, &w.t, &x1), CN_OK);
+                assert_memory_equal(at(&y1, 0, 0), at(&y[i], t, 0), (size_t)N * sizeof(float));
+                view_free(&y1);
+            }
         float *ys = view_get(&y[2]);
         double *yd = malloc((size_t)(T * N) * sizeof(double));
         for (int64_t i = 0; i < T * N; i++) yd[i] = ys[i];
@@ -283,6 +292,39 @@ static void test_matmul_simd_matches_scalar_and_threads_agree(void **state) {
         weight_free(&w);
     }
     for (int i = 0; i < 6; i++) cn_backend_free(bs[i]);
+}
+
+/* Every E4M3 code through each ISA's decoding, exactly: one-hot rows of x pick single weights. */
+static void test_matmul_f8_every_code(void **state) {
+    (void)state;
+    const int64_t K = 256, N = 2;
+    uint8_t wb[2 * 256];
+    for (int k = 0; k < K; k++) {
+        uint8_t c = (uint8_t)k;
+        if ((c & 0x7f) == 0x7f) c = 0; /* NaN codes: weights never hold them */
+        wb[k] = c;
+        wb[K + (K - 1 - k)] = c;
+    }
+    cn_tensor w = cn_tensor_2d(CN_F8_E4M3, N, K, wb);
+    w.scale = 0.75f;
+    float *xb = calloc((size_t)(K * K), sizeof(float)), *yb = malloc((size_t)(K * N) * sizeof(float));
+    assert_true(xb && yb);
+    for (int64_t t = 0; t < K; t++) xb[t * K + t] = 1.0f;
+    cn_tensor x = cn_tensor_2d(CN_F32, K, K, xb), y = cn_tensor_2d(CN_F32, K, N, yb);
+    for (int isa = 0; isa < N_ISA; isa++) {
+        cn_backend *b = backend(1, isa);
+        for (int64_t T = 1; T <= K; T += K - 1) { /* a decode row alone, then all rows */
+            cn_tensor xs = cn_tensor_rows(&x, 0, T), ys = cn_tensor_rows(&y, 0, T);
+            assert_int_equal(cn_op_matmul(b, &ys, &w, &xs), CN_OK);
+            for (int64_t t = 0; t < T; t++) {
+                assert_true(yb[t * N] == cn_e4m3_to_f32(wb[t]) * 0.75f);
+                assert_true(yb[t * N + 1] == cn_e4m3_to_f32(wb[K + t]) * 0.75f);
+            }
+        }
+        cn_backend_free(b);
+    }
+    free(xb);
+    free(yb);
 }
 
 static void test_matmul_unsupported_weight(void **state) {
@@ -793,6 +835,47 @@ static void test_attention(void **state) {
     }
 }
 
+/* Past ATT_RANGE (1024) keys the vectorised path folds key ranges; decode splits them over threads.
+ * Each query's output must match the reference and be the same bits whether it comes from a
+ * prefill of several queries or a decode of that one query, on 1 or 3 threads. */
+static void test_attention_long_context_decode_equals_prefill(void **state) {
+    (void)state;
+    const int T = 3, n_past = 2100, Hq = 16, Hkv = 2;
+    const int64_t Dh = 64, S = n_past + T + 2;
+    const float scale = 1.0f / sqrtf((float)Dh);
+    for (int isa = 0; isa < N_ISA; isa++) {
+        rng r = {14};
+        cn_backend *b1 = backend(1, isa), *b3 = backend(3, isa);
+        cache kc = cache_rand(&r, CN_BF16, S, Hkv * Dh, n_past + T);
+        cache vc = cache_rand(&r, CN_F32, S, Hkv * Dh, n_past + T);
+        view q = view_rand(&r, T, Hq * Dh, 3, -2, 2);
+        view out = view_make(T, Hq * Dh, 2);
+        assert_int_equal(cn_op_attention(b3, &out.t, &q.t, &kc.t, &vc.t, n_past, Hq, Hkv, scale),
+                         CN_OK);
+        double *ref = malloc((size_t)(T * Hq * Dh) * sizeof(double));
+        attention_ref(ref, &q, &kc, &vc, n_past, Hq, Hkv, Dh, scale);
+        expect_view_close("attention long context", &out, ref, 2e-5);
+        for (int t = 0; t < T; t++)
+            for (int nt = 0; nt < 2; nt++) {
+                view o1 = view_make(1, Hq * Dh, 1);
+                cn_tensor q1 = cn_tensor_rows(&q.t, t, 1);
+                assert_int_equal(cn_op_attention(nt ? b3 : b1, &o1.t, &q1, &kc.t, &vc.t,
+                                                 n_past + t, Hq, Hkv, scale),
+                                 CN_OK);
+                assert_memory_equal(at(&o1, 0, 0), at(&out, t, 0),
+                                    (size_t)(Hq * Dh) * sizeof(float));
+                view_free(&o1);
+            }
+        free(ref);
+        view_free(&out);
+        view_free(&q);
+        cache_free(&kc);
+        cache_free(&vc);
+        cn_backend_free(b1);
+        cn_backend_free(b3);
+    }
+}
+
 static void test_attention_threads_agree(void **state) {
     (void)state;
     cn_backend *b1 = backend(1, ISA_BEST), *b3 = backend(3, ISA_BEST);
@@ -1080,6 +1163,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul_all_dtypes_and_odd_sizes),
         cmocka_unit_test(test_matmul_simd_matches_scalar_and_threads_agree),
+        cmocka_unit_test(test_matmul_f8_every_code),
         cmocka_unit_test(test_matmul_unsupported_weight),
         cmocka_unit_test(test_matmul_gather),
         cmocka_unit_test(test_matmul_gather_threads_agree_and_bad_ids),
@@ -1091,6 +1175,7 @@ int main(void) {
         cmocka_unit_test(test_ssm_scan_threads_and_scalar),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_threads_agree),
+        cmocka_unit_test(test_attention_long_context_decode_equals_prefill),
         cmocka_unit_test(test_moe_route),
         cmocka_unit_test(test_moe_combine),
         cmocka_unit_test(test_elementwise),

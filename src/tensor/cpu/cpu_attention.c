@@ -1,19 +1,33 @@
 /* cpu_attention.c - causal GQA attention without positional encoding on the CPU.
  *
- * Promises: a one-pass softmax over chunks of ATT_KB keys (flash-attention style) that subtracts the
+ * Promises: a one-pass softmax over chunks of keys (flash-attention style) that subtracts the
  * running maximum before every exp, so no score overflows; the normaliser is summed in double, the
- * weighted values in fp32 straight into out (scores of one chunk live on the stack). Keys and values may be F32, BF16, F16 or F8_E4M3 rows (a compact KV cache).
- * Work is split over (query, kv head, block of query heads): the heads of one block share each
- * key/value row while it is in cache. Results do not depend on the thread count.
+ * weighted values in fp32. Keys and values may be F32, BF16, F16 or F8_E4M3 rows (a compact KV
+ * cache). Results do not depend on the thread count.
+ *
+ * Two paths compute the same math:
+ *  - generic (scalar and AVX2 tables, and heads longer than CPU_ATT_DMAX): tasks of (query, kv head,
+ *    block of ATT_HB query heads) built on the kernels' dot_w / axpy_w, one key row at a time.
+ *  - vectorised (kern.att_heads, AVX-512): every query head of a kv head (up to CPU_ATT_HB) in one
+ *    pass over its K/V, one head per fp32 lane. A chunk of ATT_VK key rows is decoded to fp32 once;
+ *    the scores of a key for all heads are one vector, sum over d of q^T[d] * k[d] (no horizontal
+ *    sums), the softmax runs on those vectors with a polynomial exp, and values accumulate with the
+ *    heads' probabilities broadcast. Decode at 8k of context reads each K/V row once per kv head.
+ *    Long contexts of few kv heads are split over threads by key ranges, each range's (max, sum,
+ *    unnormalised output) merged afterwards in range order, so the result is the same for any
+ *    thread count.
  */
 #include <math.h>
 #include <string.h>
 
 #include "base/error.h"
+#include "base/fp.h"
 #include "tensor/cpu/cpu_impl.h"
 
-#define ATT_HB 4   /* query heads per task (they share a kv head) */
-#define ATT_KB 128 /* keys per chunk: scores of a chunk fit in L1 */
+#define ATT_HB 4   /* generic: query heads per task (they share a kv head) */
+#define ATT_KB 128 /* generic: keys per chunk: scores of a chunk fit in L1 */
+#define ATT_RANGE 1024 /* vectorised: keys per range; a query's ranges are folded in order */
+#define ATT_VK 16      /* vectorised: key rows decoded to fp32 per step */
 
 typedef struct att_job {
     const cpu_ctx *c;
@@ -22,6 +36,12 @@ typedef struct att_job {
     int n_past, n_kv, group, n_sub;
     int64_t Dh;
     float scale;
+    /* vectorised decode split over ranges: piece of (kv head, sub, range) at index
+     * (kvh * n_sub + sub) * n_range + range */
+    int n_range;
+    float *piece_o;  /* [CPU_ATT_HB * Dh] per piece */
+    float *piece_m;  /* [CPU_ATT_HB] per piece */
+    double *piece_l; /* [CPU_ATT_HB] per piece */
 } att_job;
 
 static void att_task(void *arg, int begin, int end) {
@@ -78,6 +98,134 @@ static void att_task(void *arg, int begin, int end) {
     }
 }
 
+/* ---- vectorised path ---- */
+
+/* Folds one key range's pieces (o, m, l of hb heads) into the running (O, M, L) of a query; with
+ * first set, the range starts them. The same function folds a prefill query's ranges in its task
+ * and a decode query's ranges after their parallel tasks, so both give the same bits. */
+static void att_fold(float *O, float *M, double *L, const float *o, const float *m,
+                     const double *l, int hb, int64_t Dh, int first) {
+    for (int h = 0; h < hb; h++) {
+        float *Oh = O + h * Dh;
+        const float *oh = o + h * Dh;
+        if (first) {
+            if (Oh != oh) memcpy(Oh, oh, (size_t)Dh * sizeof(float));
+            M[h] = m[h];
+            L[h] = l[h];
+            continue;
+        }
+        float nm = m[h] > M[h] ? m[h] : M[h];
+        double a = exp((double)M[h] - nm), b = exp((double)m[h] - nm);
+        L[h] = L[h] * a + l[h] * b;
+        for (int64_t d = 0; d < Dh; d++) Oh[d] = (float)(Oh[d] * a + oh[d] * b);
+        M[h] = nm;
+    }
+}
+
+static void att_normalise(float *O, const double *L, int hb, int64_t Dh) {
+    for (int h = 0; h < hb; h++) {
+        float inv = (float)(1.0 / L[h]);
+        for (int64_t d = 0; d < Dh; d++) O[h * Dh + d] *= inv;
+    }
+}
+
+/* Fills the kernel's arguments for query t, heads [h0, h0 + hb) of kv head kvh, keys [s0, s1). */
+static cpu_att_args att_args_of(const att_job *j, int t, int kvh, int h0, int hb, int64_t s0,
+                                int64_t s1) {
+    const int64_t Dh = j->Dh;
+    cpu_att_args a = {
+        .q = cpu_row(j->q, t) + h0 * Dh, .hb = hb, .Dh = Dh, .s0 = s0, .s1 = s1,
+        .k0 = j->km.data + kvh * Dh * (int64_t)cn_dtype_size(j->km.dtype),
+        .v0 = j->vm.data + kvh * Dh * (int64_t)cn_dtype_size(j->vm.dtype),
+        .k_stride = j->km.stride, .v_stride = j->vm.stride, .kdt = j->km.dtype,
+        .vdt = j->vm.dtype, .kscale = j->km.scale, .vscale = j->vm.scale, .scale = j->scale};
+    return a;
+}
+
+/* Prefill: task (t, kv head, sub) runs its query's ranges in order, folding each into out. */
+static void att_vec_task(void *arg, int begin, int end) {
+    const att_job *j = arg;
+    const int64_t Dh = j->Dh;
+    float piece[CPU_ATT_HB * CPU_ATT_DMAX];
+    float pm[CPU_ATT_HB], M[CPU_ATT_HB];
+    double pl[CPU_ATT_HB], L[CPU_ATT_HB];
+    for (int i = begin; i < end; i++) {
+        int per_t = j->n_kv * j->n_sub;
+        int t = i / per_t, kvh = (i % per_t) / j->n_sub, sub = i % j->n_sub;
+        int h0 = kvh * j->group + sub * CPU_ATT_HB;
+        int hb = j->group - sub * CPU_ATT_HB < CPU_ATT_HB ? j->group - sub * CPU_ATT_HB : CPU_ATT_HB;
+        float *orow = cpu_row(j->out, t) + h0 * Dh;
+        const int64_t n_keys = (int64_t)j->n_past + t + 1;
+        for (int64_t s0 = 0; s0 < n_keys; s0 += ATT_RANGE) {
+            int64_t s1 = n_keys - s0 < ATT_RANGE ? n_keys : s0 + ATT_RANGE;
+            cpu_att_args a = att_args_of(j, t, kvh, h0, hb, s0, s1);
+            a.o = s0 == 0 ? orow : piece;
+            a.m = pm;
+            a.l = pl;
+            j->c->kern.att_heads(&a);
+            att_fold(orow, M, L, a.o, pm, pl, hb, Dh, s0 == 0);
+        }
+        att_normalise(orow, L, hb, Dh);
+    }
+}
+
+/* Decode: task (kv head, sub, range) writes its range's pieces; cpu_attention folds them. */
+static void att_range_task(void *arg, int begin, int end) {
+    const att_job *j = arg;
+    const int64_t n_keys = (int64_t)j->n_past + 1;
+    for (int i = begin; i < end; i++) {
+        int range = i % j->n_range, ks = i / j->n_range;
+        int kvh = ks / j->n_sub, sub = ks % j->n_sub;
+        int h0 = kvh * j->group + sub * CPU_ATT_HB;
+        int hb = j->group - sub * CPU_ATT_HB < CPU_ATT_HB ? j->group - sub * CPU_ATT_HB : CPU_ATT_HB;
+        int64_t s0 = (int64_t)range * ATT_RANGE;
+        int64_t s1 = n_keys - s0 < ATT_RANGE ? n_keys : s0 + ATT_RANGE;
+        cpu_att_args a = att_args_of(j, 0, kvh, h0, hb, s0, s1);
+        a.o = j->piece_o + (size_t)i * CPU_ATT_HB * j->Dh;
+        a.m = j->piece_m + (size_t)i * CPU_ATT_HB;
+        a.l = j->piece_l + (size_t)i * CPU_ATT_HB;
+        j->c->kern.att_heads(&a);
+    }
+}
+
+/* The vectorised attention: prefill by queries, decode (T = 1) by key ranges. */
+static int att_vec(cpu_ctx *c, att_job *j, int64_t T, int n_heads) {
+    j->n_sub = (j->group + CPU_ATT_HB - 1) / CPU_ATT_HB;
+    const int64_t Dh = j->Dh;
+    int64_t work = T * n_heads * (j->n_past + T) * Dh * 4;
+    if (T > 1) {
+        cpu_parallel(c, (int)T * j->n_kv * j->n_sub, work, att_vec_task, j);
+        return CN_OK;
+    }
+    const int64_t n_keys = (int64_t)j->n_past + 1;
+    j->n_range = (int)((n_keys + ATT_RANGE - 1) / ATT_RANGE);
+    const int n_pieces = j->n_kv * j->n_sub * j->n_range;
+    size_t bo = (size_t)n_pieces * CPU_ATT_HB * (size_t)Dh * sizeof(float);
+    size_t bm = (size_t)n_pieces * CPU_ATT_HB * sizeof(float);
+    size_t bl = (size_t)n_pieces * CPU_ATT_HB * sizeof(double);
+    char *mem = cpu_scratch(c, bl + bo + bm);
+    if (!mem) return CN_ENOMEM;
+    j->piece_l = (double *)mem;
+    j->piece_o = (float *)(mem + bl);
+    j->piece_m = (float *)(mem + bl + bo);
+    cpu_parallel(c, n_pieces, work, att_range_task, j);
+    float M[CPU_ATT_HB];
+    double L[CPU_ATT_HB];
+    for (int ks = 0; ks < j->n_kv * j->n_sub; ks++) {
+        int kvh = ks / j->n_sub, sub = ks % j->n_sub;
+        int h0 = kvh * j->group + sub * CPU_ATT_HB;
+        int hb = j->group - sub * CPU_ATT_HB < CPU_ATT_HB ? j->group - sub * CPU_ATT_HB : CPU_ATT_HB;
+        float *orow = cpu_row(j->out, 0) + h0 * Dh;
+        for (int r = 0; r < j->n_range; r++) {
+            size_t i = (size_t)ks * j->n_range + r;
+            att_fold(orow, M, L, j->piece_o + i * CPU_ATT_HB * Dh, j->piece_m + i * CPU_ATT_HB,
+                     j->piece_l + i * CPU_ATT_HB, hb, Dh, r == 0);
+        }
+        att_normalise(orow, L, hb, Dh);
+    }
+    return CN_OK;
+}
+
 static cpu_wmat cache_view(const cpu_ctx *c, const cn_tensor *t, int64_t Dh) {
     cpu_wmat m = {.data = (const char *)t->data, .stride = t->stride[0], .K = Dh,
                   .dtype = t->dtype, .scale = t->dtype == CN_F8_E4M3 ? t->scale : 1.0f,
@@ -96,10 +244,178 @@ int cpu_attention(cn_backend *b, cn_tensor *out, const cn_tensor *q, const cn_te
     const int64_t T = q->shape[0], Dh = q->shape[1] / n_heads;
     att_job j = {.c = c, .out = out, .q = q, .kc = kc, .vc = vc, .n_past = n_past,
                  .n_kv = n_kv_heads, .group = n_heads / n_kv_heads, .Dh = Dh, .scale = scale};
-    j.n_sub = (j.group + ATT_HB - 1) / ATT_HB;
     j.km = cache_view(c, kc, Dh);
     j.vm = cache_view(c, vc, Dh);
+    if (c->kern.att_heads && Dh <= CPU_ATT_DMAX) return att_vec(c, &j, T, n_heads);
+    j.n_sub = (j.group + ATT_HB - 1) / ATT_HB;
     int64_t work = T * n_heads * (n_past + T) * Dh * 4;
     cpu_parallel(c, (int)T * n_kv_heads * j.n_sub, work, att_task, &j);
     return CN_OK;
 }
+
+/* ---- the AVX-512 kernel ---- */
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+
+#define AT_ATTR "avx512f,avx512bw,avx2,fma,f16c"
+#define AT_FN __attribute__((target(AT_ATTR)))
+#define AT_IN static inline __attribute__((always_inline, target(AT_ATTR)))
+
+static float att_value(cn_dtype dt, const char *row, int64_t d) {
+    switch (dt) {
+    case CN_BF16: return cn_bf16_to_f32(((const uint16_t *)row)[d]);
+    case CN_F16: return cn_f16_to_f32(((const uint16_t *)row)[d]);
+    case CN_F8_E4M3: return cn_e4m3_to_f32(((const uint8_t *)row)[d]);
+    default: return ((const float *)row)[d];
+    }
+}
+
+/* 16 values of a cache row from d on, as fp32 (E4M3 by the fp16-bits identity of cpu_kernels.c,
+ * invariant 2, exact). */
+AT_IN __m512 at_load16(cn_dtype dt, const char *row, int64_t d) {
+    switch (dt) {
+    case CN_BF16: {
+        __m256i h = _mm256_loadu_si256((const __m256i *)(row + 2 * d));
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+    case CN_F16: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(row + 2 * d)));
+    case CN_F8_E4M3: {
+        __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)(row + d)));
+        __m256i sg = _mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x80)), 8);
+        __m256i mg = _mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x7f)), 7);
+        return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_or_si256(sg, mg)), _mm512_set1_ps(256.0f));
+    }
+    default: return _mm512_loadu_ps((const float *)row + d);
+    }
+}
+
+/* dst[d] = row value d * s for d < Dh, then zeros up to DP (a multiple of 16). */
+AT_IN void at_row(cn_dtype dt, const char *row, int64_t Dh, int64_t DP, float s, float *dst) {
+    const __m512 vs = _mm512_set1_ps(s);
+    int64_t d = 0;
+    for (; d + 16 <= Dh; d += 16) _mm512_store_ps(dst + d, _mm512_mul_ps(at_load16(dt, row, d), vs));
+    for (; d < Dh; d++) dst[d] = att_value(dt, row, d) * s;
+    for (; d < DP; d++) dst[d] = 0;
+}
+
+/* e^x for x <= 0 (what the softmax feeds it): 2^n * p(r), r = x - n ln 2 in [-ln2/2, ln2/2],
+ * p the degree-6 Taylor polynomial (relative error below 2e-7). x below -104 gives 0; NaN stays
+ * NaN (maxps returns its second operand when either is NaN). */
+AT_IN __m512 at_exp(__m512 x) {
+    x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723212e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* HB (4, 8 or 16, >= a->hb) is a constant after inlining: the value accumulators stay in
+ * registers. Lane h of every vector below is query head h; lanes >= hb see q = 0. */
+AT_IN void at_heads(const cpu_att_args *a, int HB) {
+    const int64_t Dh = a->Dh, DP = (Dh + 15) & ~(int64_t)15;
+    const int64_t rk = Dh * (int64_t)cn_dtype_size(a->kdt), rv = Dh * (int64_t)cn_dtype_size(a->vdt);
+    const int64_t rmax = rk > rv ? rk : rv;
+    _Alignas(64) float qT[CPU_ATT_DMAX][CPU_ATT_HB]; /* q transposed, scale folded in */
+    _Alignas(64) float kf[ATT_VK][CPU_ATT_DMAX];
+    _Alignas(64) float vf[ATT_VK][CPU_ATT_DMAX];
+    _Alignas(64) float o[CPU_ATT_HB][CPU_ATT_DMAX];
+    _Alignas(64) float p[ATT_VK][CPU_ATT_HB];
+    for (int64_t d = 0; d < Dh; d++)
+        for (int h = 0; h < CPU_ATT_HB; h++) qT[d][h] = h < a->hb ? a->q[h * Dh + d] * a->scale : 0;
+    for (int h = 0; h < HB; h++)
+        for (int64_t d = 0; d < DP; d++) o[h][d] = 0;
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    __m512d l0 = _mm512_setzero_pd(), l1 = _mm512_setzero_pd();
+    for (int64_t s = a->s0; s < a->s1; s += ATT_VK) {
+        const int nk = a->s1 - s < ATT_VK ? (int)(a->s1 - s) : ATT_VK;
+        for (int i = 0; i < nk; i++) {
+            if (s + i + 2 * ATT_VK < a->s1) /* rows two steps ahead: the stride defeats prefetchers */
+                for (int64_t b = 0; b < rmax; b += 64) {
+                    _mm_prefetch(a->k0 + (s + i + 2 * ATT_VK) * a->k_stride + b, _MM_HINT_T0);
+                    _mm_prefetch(a->v0 + (s + i + 2 * ATT_VK) * a->v_stride + b, _MM_HINT_T0);
+                }
+            at_row(a->kdt, a->k0 + (s + i) * a->k_stride, Dh, DP, a->kscale, kf[i]);
+            at_row(a->vdt, a->v0 + (s + i) * a->v_stride, Dh, DP, a->vscale, vf[i]);
+        }
+        for (int i = nk; i < ATT_VK; i++) memset(kf[i], 0, (size_t)DP * sizeof(float));
+        /* scores of the ATT_VK keys, each a vector over the heads */
+        __m512 sc[ATT_VK];
+#pragma GCC unroll 16
+        for (int i = 0; i < ATT_VK; i++) sc[i] = _mm512_setzero_ps();
+        for (int64_t d = 0; d < Dh; d++) {
+            const __m512 qv = _mm512_load_ps(qT[d]);
+#pragma GCC unroll 16
+            for (int i = 0; i < ATT_VK; i++)
+                sc[i] = _mm512_fmadd_ps(qv, _mm512_set1_ps(kf[i][d]), sc[i]);
+        }
+        __m512 cm = m;
+        for (int i = 0; i < nk; i++) cm = _mm512_max_ps(cm, sc[i]);
+        if (_mm512_cmp_ps_mask(cm, m, _CMP_GT_OQ)) { /* a new maximum: rescale what was summed */
+            const __m512 corr = at_exp(_mm512_sub_ps(m, cm)); /* 0 on the first step */
+            l0 = _mm512_mul_pd(l0, _mm512_cvtps_pd(_mm512_castps512_ps256(corr)));
+            l1 = _mm512_mul_pd(l1, _mm512_cvtps_pd(_mm256_castpd_ps(
+                                       _mm512_extractf64x4_pd(_mm512_castps_pd(corr), 1))));
+            _Alignas(64) float cf[CPU_ATT_HB];
+            _mm512_store_ps(cf, corr);
+            for (int h = 0; h < HB; h++) {
+                const __m512 ch = _mm512_set1_ps(cf[h]);
+                for (int64_t d = 0; d < DP; d += 16)
+                    _mm512_store_ps(o[h] + d, _mm512_mul_ps(_mm512_load_ps(o[h] + d), ch));
+            }
+            m = cm;
+        }
+        __m512 ls = _mm512_setzero_ps();
+        for (int i = 0; i < nk; i++) {
+            const __m512 pi = at_exp(_mm512_sub_ps(sc[i], m));
+            _mm512_store_ps(p[i], pi);
+            ls = _mm512_add_ps(ls, pi);
+        }
+        l0 = _mm512_add_pd(l0, _mm512_cvtps_pd(_mm512_castps512_ps256(ls)));
+        l1 = _mm512_add_pd(l1, _mm512_cvtps_pd(_mm256_castpd_ps(
+                                   _mm512_extractf64x4_pd(_mm512_castps_pd(ls), 1))));
+        /* values: o[h] += p[i][h] * v[i], 16 columns at a time over every head */
+        for (int64_t d = 0; d < DP; d += 16) {
+            __m512 acc[CPU_ATT_HB];
+#pragma GCC unroll 16
+            for (int h = 0; h < HB; h++) acc[h] = _mm512_load_ps(o[h] + d);
+            for (int i = 0; i < nk; i++) {
+                const __m512 vv = _mm512_load_ps(vf[i] + d);
+#pragma GCC unroll 16
+                for (int h = 0; h < HB; h++)
+                    acc[h] = _mm512_fmadd_ps(vv, _mm512_set1_ps(p[i][h]), acc[h]);
+            }
+#pragma GCC unroll 16
+            for (int h = 0; h < HB; h++) _mm512_store_ps(o[h] + d, acc[h]);
+        }
+    }
+    _Alignas(64) float mf[CPU_ATT_HB];
+    _Alignas(64) double lf[CPU_ATT_HB];
+    _mm512_store_ps(mf, m);
+    _mm512_store_pd(lf, l0);
+    _mm512_store_pd(lf + 8, l1);
+    for (int h = 0; h < a->hb; h++) {
+        a->m[h] = mf[h];
+        a->l[h] = lf[h];
+        memcpy(a->o + h * Dh, o[h], (size_t)Dh * sizeof(float));
+    }
+}
+
+AT_FN static void at_heads4(const cpu_att_args *a) { at_heads(a, 4); }
+AT_FN static void at_heads8(const cpu_att_args *a) { at_heads(a, 8); }
+AT_FN static void at_heads16(const cpu_att_args *a) { at_heads(a, 16); }
+
+void cpu_att_heads_avx512(const cpu_att_args *a) {
+    if (a->hb <= 4) at_heads4(a);
+    else if (a->hb <= 8) at_heads8(a);
+    else at_heads16(a);
+}
+#endif

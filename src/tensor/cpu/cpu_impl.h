@@ -47,6 +47,28 @@ typedef struct cpu_wmat {
 /* Most x rows one matmul tile takes (each weight row loaded once is used for all of them). */
 #define CPU_MM_ROWS 4
 
+/* One attention task of the vectorised path: hb query heads that share one kv head, one query,
+ * keys [s0, s1). Cache row s of that kv head starts at k0 + s * k_stride (v0 likewise). Writes the
+ * range's softmax pieces: per head h, m[h] = max score, l[h] = sum of exp(score - m[h]), and
+ * o[h] = sum of exp(score - m[h]) * v (not normalised). */
+typedef struct cpu_att_args {
+    const float *q;      /* [hb][Dh], adjacent heads */
+    float *o;            /* OUT: [hb][Dh], adjacent heads */
+    float *m;            /* OUT: [hb] */
+    double *l;           /* OUT: [hb] */
+    int hb;              /* 1..CPU_ATT_HB */
+    int64_t Dh;          /* 1..CPU_ATT_DMAX */
+    int64_t s0, s1;      /* s0 < s1 */
+    const char *k0, *v0; /* dtype F32, BF16, F16 or F8_E4M3 */
+    int64_t k_stride, v_stride;
+    cn_dtype kdt, vdt;
+    float kscale, vscale; /* F8 per-tensor scales, else 1 */
+    float scale;          /* of the scores */
+} cpu_att_args;
+
+#define CPU_ATT_HB 16    /* query heads of one vectorised task: one per fp32 lane of a zmm */
+#define CPU_ATT_DMAX 256 /* longest head the vectorised path takes (its scratch is on the stack) */
+
 typedef struct cpu_kernels {
     /* yr[r][n] = scale * dot(w row n, xr[r]) for r < R (1..CPU_MM_ROWS), n in [n0, n1). */
     void (*mm_tile)(const cpu_wmat *w, const float *const *xr, float *const *yr, int R,
@@ -65,6 +87,9 @@ typedef struct cpu_kernels {
     /* MXFP8: as mm_tile, value = e4m3 * 2^(e8m0 - 127) per block of 32 (K % 32 == 0). */
     void (*mm_mxfp8)(const cpu_wmat *w, const float *const *xr, float *const *yr, int R,
                      int64_t n0, int64_t n1);
+    /* Attention of one query over hb heads of one kv head (NULL: cpu_attention's generic path,
+     * built on dot_w / axpy_w, is the one this ISA runs). */
+    void (*att_heads)(const cpu_att_args *a);
     /* One row of a Mamba2 state: s[n] = s[n] * dA + dx * B[n] for n < N; returns sum s[n] * C[n]. */
     float (*ssm_row)(float *s, const float *B, const float *C, float dA, float dx, int64_t N);
 } cpu_kernels;
@@ -100,6 +125,7 @@ static inline float *cpu_row(const cn_tensor *t, int64_t r) {
 void cpu_kernels_scalar(cpu_kernels *k);
 void cpu_kernels_avx2(cpu_kernels *k);
 void cpu_kernels_avx512(cpu_kernels *k, int vnni);
+void cpu_att_heads_avx512(const cpu_att_args *a); /* cpu_attention.c */
 void cpu_quant_kernels_scalar(cpu_kernels *k);
 void cpu_quant_kernels_avx2(cpu_kernels *k);
 void cpu_quant_kernels_avx512(cpu_kernels *k, int vnni);
@@ -131,5 +157,19 @@ int cpu_mul(cn_backend *b, cn_tensor *y, const cn_tensor *a, const cn_tensor *c)
 int cpu_silu(cn_backend *b, cn_tensor *y, const cn_tensor *x);
 int cpu_relu2(cn_backend *b, cn_tensor *y, const cn_tensor *x);
 int cpu_scale(cn_backend *b, cn_tensor *y, const cn_tensor *x, float s);
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+/* 16 E4M3 codes -> fp32 of value * 2^-120, exactly: the sign-extended code << 20 puts the sign in
+ * bit 31 and E4M3's exponent and mantissa in the low bits of fp32's (same field order; the bias
+ * 127 against 7 is the 2^-120, and E4M3 subnormals land on fp32 subnormals of the same ratio);
+ * the mask clears bits 27..30. */
+static inline __attribute__((always_inline, target("avx512f"))) __m512
+cpu_a5_e4m3_x2m120(const uint8_t *p) {
+    __m512i v = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm512_castsi512_ps(
+        _mm512_and_si512(_mm512_slli_epi32(v, 20), _mm512_set1_epi32((int)0x87f00000u)));
+}
+#endif
 
 #endif

@@ -14,9 +14,12 @@
  * streamed against 10.7 for the float path, prefill (T=64) 183 GFLOP/s against 82. The int8
  * activations cost about 0.3% relative error per dot product (max-abs per 16, round to nearest).
  *
- * MXFP8 (E4M3 with an E8M0 exponent per 32) runs in fp32: E4M3 -> fp16 bits by two shifts (the
- * sign-extended code << 7 with bit 14 cleared is the fp16 of value / 256, subnormals included),
- * vcvtph2ps, then one multiply by 256 * 2^(e - 127) per 32 and an FMA with the fp32 activations.
+ * MXFP8 (E4M3 with an E8M0 exponent per 32) runs in fp32. AVX2: E4M3 -> fp16 bits by two shifts
+ * (the sign-extended code << 7 with bit 14 cleared is the fp16 of value / 256, subnormals
+ * included), vcvtph2ps, then one multiply by 256 * 2^(e - 127) per 32. AVX-512: E4M3 -> fp32 bits
+ * directly (cpu_impl.h: cpu_a5_e4m3_x2m120, value * 2^-120, half the instructions; MXFP8 decode
+ * was bound by this conversion), then one multiply by 2^(e - 7). Then an FMA with the fp32
+ * activations.
  * This is exactly the math of the dequantized weights (every step is exact but the sums).
  *
  * Invariants:
@@ -333,6 +336,7 @@ A5Q_IN void a5_nvfp4_chunk(int R, int NR, const uint8_t *const *wr, const __m512
     __m512 ws[4];
 #pragma GCC unroll 4
     for (int j = 0; j < NR; j++) {
+        if (R == 1) _mm_prefetch((const char *)wr[j] + k / 2 + 512, _MM_HINT_T0);
         wu[j] = a5_fp4_unpack(wr[j] + k / 2, wm);
         ws[j] = _mm512_permutexvar_ps(sidx, sf[j]);
     }
@@ -451,13 +455,6 @@ A5_FN static void a5_quant_nvfp4(const float *x, int64_t K, int8_t *xq) {
     }
 }
 
-/* 16 E4M3 codes -> fp32 value / 256. */
-A5_IN __m512 a5_e4m3_div256(const uint8_t *p) {
-    __m256i v = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)p));
-    v = _mm256_and_si256(_mm256_slli_epi16(v, 7), _mm256_set1_epi16((short)0xbfff));
-    return _mm512_cvtph_ps(v);
-}
-
 A5_IN void a5_mxfp8_block(int R, int NR, const cpu_wmat *w, const float *const *xr,
                           float *const *yr, int64_t n) {
     const int64_t K = w->K;
@@ -476,9 +473,16 @@ A5_IN void a5_mxfp8_block(int R, int NR, const cpu_wmat *w, const float *const *
         __m512 wv[4][2];
 #pragma GCC unroll 4
         for (int j = 0; j < NR; j++) {
-            const __m512 s = _mm512_set1_ps(256.0f * w->lut8[sr[j][k / 32]]);
-            wv[j][0] = _mm512_mul_ps(a5_e4m3_div256(wr[j] + k), s);
-            wv[j][1] = _mm512_mul_ps(a5_e4m3_div256(wr[j] + k + 16), s);
+            if (R == 1) _mm_prefetch((const char *)wr[j] + k + 1024, _MM_HINT_T0);
+            const uint8_t e = sr[j][k / 32];
+            __m512 w0 = cpu_a5_e4m3_x2m120(wr[j] + k), w1 = cpu_a5_e4m3_x2m120(wr[j] + k + 16);
+            if (e > 134) { /* 2^(e - 7) would overflow: undo the 2^-120 first (both exact) */
+                w0 = _mm512_mul_ps(w0, _mm512_set1_ps(0x1p120f));
+                w1 = _mm512_mul_ps(w1, _mm512_set1_ps(0x1p120f));
+            }
+            const __m512 s = _mm512_set1_ps(e > 134 ? w->lut8[e] : w->lut8[e] * 0x1p120f);
+            wv[j][0] = _mm512_mul_ps(w0, s);
+            wv[j][1] = _mm512_mul_ps(w1, s);
         }
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
