@@ -56,14 +56,22 @@ fail:
     return rc;
 }
 
-static void drop_caps(cn_spec *sp) {
-    for (int i = 0; i < sp->n_caps; i++) cn_rsnap_free(sp->m, &sp->caps[i]);
-    sp->n_caps = 0;
+/* The round's captures stop meaning anything; their buffers stay for the next round. */
+static void drop_caps(cn_spec *sp) { sp->n_caps = 0; }
+
+/* Buffers for captures 0..d-1, allocated once each and kept until close: a capture written into
+ * fresh pages costs a page fault per 4 KiB, which on a small model is more than the forward. */
+static int ensure_caps(cn_spec *sp, cn_state *live, int d) {
+    for (; sp->n_caps_alloc < d; sp->n_caps_alloc++) {
+        int rc = cn_state_snapshot_alloc(live, &sp->caps[sp->n_caps_alloc]);
+        if (rc) return rc; /* that one freed itself; the ones before stay */
+    }
+    return CN_OK;
 }
 
 void cn_spec_close(cn_spec *sp) {
     if (!sp) return;
-    drop_caps(sp);
+    for (int i = 0; i < sp->n_caps_alloc; i++) cn_rsnap_free(sp->m, &sp->caps[i]);
     cn_state_free(sp->draft);
     free(sp->pend_h);
     free(sp->pend_next);
@@ -192,6 +200,7 @@ int cn_spec_round(cn_spec *sp, cn_state *live, cn_sampler *smp, int32_t cur, int
     if ((rc = cn_spec_flush(sp))) return rc;
     if (sp->draft->offset != live->offset || sp->last_at != live->offset) return CN_EINVAL;
     if ((rc = propose(sp, smp, depth, greedy))) return rc;
+    if ((rc = ensure_caps(sp, live, depth))) return rc;
 
     /* One target forward over [cur, d1..dd], a capture at every position past cur. */
     int32_t toks[CN_SPEC_MAX_DEPTH + 1];
@@ -202,7 +211,8 @@ int cn_spec_round(cn_spec *sp, cn_state *live, cn_sampler *smp, int32_t cur, int
         at[j] = sp->round_p + 1 + j;
     }
     cn_batch bt = {.tokens = toks, .n = depth + 1, .all_logits = 1, .logits = sp->vlogits,
-                   .hidden = sp->vhidden, .capture_at = at, .n_capture = depth, .captures = sp->caps};
+                   .hidden = sp->vhidden, .capture_at = at, .n_capture = depth, .captures = sp->caps,
+                   .captures_ready = 1};
     if ((rc = cn_model_forward(sp->m, live, &bt))) return rc;
     sp->n_caps = depth;
 

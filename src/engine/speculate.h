@@ -39,7 +39,8 @@
  *     the target's hiddens and out[0..keep].
  *
  * Invariants:
- *  (1) Outside a round no capture is held (n_caps == 0).
+ *  (1) Outside a round no capture is held (n_caps == 0); the capture buffers themselves stay
+ *      allocated from the first round that needed them until close (no allocation per round).
  *  (2) The draft offset never exceeds the target's outside cn_spec_round; its rows below its
  *      offset are the head's output for committed tokens and target hiddens only.
  *  (3) Every round consumes random draws only through the request's sampler, so a seed fixes it.
@@ -95,8 +96,10 @@ typedef struct cn_spec {
     float *vlogits;                     /* [CN_SPEC_MAX_DEPTH + 1][V] verify logits */
     float *vhidden;                     /* [CN_SPEC_MAX_DEPTH + 1][H] verify hiddens */
     float *mh;                          /* [H] head hidden while drafting */
-    cn_rsnap caps[CN_SPEC_MAX_DEPTH];   /* captures at P+1..P+d of the round in flight */
-    int n_caps;
+    cn_rsnap caps[CN_SPEC_MAX_DEPTH];   /* captures at P+1..P+d of the round in flight; the
+                                         * buffers of the first n_caps_alloc live until close */
+    int n_caps;                         /* captures the round in flight holds */
+    int n_caps_alloc;
     int round_p, round_d;               /* P and d of the round in flight */
     int32_t out[CN_SPEC_MAX_DEPTH + 1];
     int n_out, n_acc;

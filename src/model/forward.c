@@ -325,6 +325,15 @@ static int check_batch(const cn_model *m, const cn_state *st, const cn_batch *bt
 }
 
 static int alloc_captures(cn_state *st, cn_batch *bt) {
+    if (bt->captures_ready) {
+        int n_mamba = 0;
+        for (int l = 0; l < st->n_layers; l++) n_mamba += st->layers[l].type == CN_BLOCK_MAMBA;
+        for (int i = 0; i < bt->n_capture; i++) {
+            if (bt->captures[i].n_layers != n_mamba) return CN_EINVAL;
+            bt->captures[i].offset = bt->capture_at[i];
+        }
+        return CN_OK;
+    }
     for (int i = 0; i < bt->n_capture; i++) memset(&bt->captures[i], 0, sizeof bt->captures[i]);
     for (int i = 0; i < bt->n_capture; i++) {
         int rc = cn_state_snapshot_alloc(st, &bt->captures[i]); /* the scan fills it */
@@ -335,6 +344,7 @@ static int alloc_captures(cn_state *st, cn_batch *bt) {
 }
 
 static void free_captures(cn_model *m, cn_batch *bt) {
+    if (bt->captures_ready) return; /* the caller's to keep */
     for (int i = 0; i < bt->n_capture; i++) cn_rsnap_free(m, &bt->captures[i]);
 }
 

@@ -67,6 +67,10 @@ typedef struct cn_batch {
     const int *capture_at; /* (optional) ascending offsets in (offset, offset+n] to capture at */
     int n_capture;
     cn_rsnap *captures;    /* OUT: [n_capture]; caller owns each, cn_rsnap_free() */
+    int captures_ready;    /* 1: captures[] already hold buffers of this state's shapes
+                            * (cn_state_snapshot_alloc) and are only filled: the forward neither
+                            * allocates nor frees them, so a caller that captures every round
+                            * (speculation) keeps its pages mapped and warm */
 } cn_batch;
 
 /* Opens the checkpoint in dir on backend b (which the caller owns and frees after the model). */
