@@ -65,7 +65,8 @@ typedef int (*cn_spec_test_oracle_fn)(void *ctx, int position, int depth, int32_
 /* The depth controller: acceptance per draft position and round cost, tracked as EWMAs across
  * requests; picks the depth that maximises committed tokens per millisecond, parks at 0 (plain
  * decoding) when speculation does not pay and probes again after a back-off that doubles up to
- * 512 plain steps. */
+ * 512 plain steps. A plain step is taken first and after every 64 rounds so that the cost of a
+ * round is always set against a measured plain step. */
 typedef struct cn_spec_ctl {
     int max_depth;                      /* 1..CN_SPEC_MAX_DEPTH */
     int fixed;                          /* 1: always max_depth (tests, benchmarks) */
@@ -76,6 +77,9 @@ typedef struct cn_spec_ctl {
     int parked;                         /* 1: plain decoding until park_left runs out */
     int park_left;                      /* plain steps before the next probe */
     int backoff;                        /* the next park's length */
+    int since_plain;                    /* rounds since the last plain step */
+    int skip_cost;                      /* 1: the round in flight allocated (its time is not
+                                         * a round's cost) */
 } cn_spec_ctl;
 
 typedef struct cn_spec {

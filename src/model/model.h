@@ -137,6 +137,10 @@ int cn_model_verify(cn_model *m, cn_state *s, const int32_t *tokens, int k, floa
  * own output before its final norm, for drafting further ahead. */
 int cn_model_mtp_forward(cn_model *m, cn_state *s, const float *hidden, const int32_t *next,
                          int n, float *logits, float *hidden_out);
+/* The same over n positions in one batch, with logits OUT [vocab] and hidden_out OUT [H] of the
+ * last position only (the drafter's flush: the other rows only write their KV). */
+int cn_model_mtp_forward_last(cn_model *m, cn_state *s, const float *hidden, const int32_t *next,
+                              int n, float *logits, float *hidden_out);
 
 void cn_rsnap_free(cn_model *m, cn_rsnap *snap);
 
