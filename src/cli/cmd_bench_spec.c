@@ -1,8 +1,10 @@
 /* cmd_bench_spec.c - `cairn bench --speculate`: self-speculative decoding against plain decoding,
  * measured in one run on one model.
  *
- * Three engines over the same model, each decoding the same random prompts greedily from a cold
- * cache: plain (speculation off), the default (the depth controller decides: on random weights it
+ * Three engines over the same model, each decoding the same prompts greedily from a cold cache.
+ * The prompts are short chat requests rendered through the model's own chat template (a built-in
+ * dozen, or --chat FILE), so that a trained head drafts what it was trained on; a model without a
+ * tokenizer or template (and --random) gets random token ids. The engines: plain (speculation off), the default (the depth controller decides: on random weights it
  * parks, which must cost plain decoding almost nothing), and forced (every round drafts --depth
  * tokens: acceptance per draft position and committed tokens per verify pass come from it). The
  * repetitions interleave the three, in rotating order, so that a slower moment of the machine hits all alike; the
@@ -89,9 +91,78 @@ static int one(cn_engine *e, const int32_t *prompt, int n, int gen, run_stats *s
     return CN_OK;
 }
 
-/* The prompts of --chat: every non-empty line of path, rendered and tokenized. Returns 0, or 1
- * with the message printed (the line number and what is wrong with it). */
+/* The default prompts when the model has a chat template: short, generic requests of the kind a
+ * chat model answers every day, rendered with the template's defaults (thinking as the template
+ * decides). Random token ids say nothing about a trained head's acceptance: a trained model soon
+ * ends such an "answer" and drafts from noise. */
+static const char *const builtin_chats[] = {
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi! How are you today?\"}]}",
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"What is 47 + 38?\"}]}",
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"Why is the sky blue?\"}]}",
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"Sort these numbers: 42, 7, 19, 3.\"}]}",
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"How many letters are in the word \\\"banana\\\"?\"}]}",
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"Convert 5 km to meters.\"}]}",
+    "{\"messages\":[{\"role\":\"system\",\"content\":\"You are a helpful assistant.\"},"
+    "{\"role\":\"user\",\"content\":\"Write a short poem about the sea.\"}]}",
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"What is 12 times 7?\"}]}",
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"Give me three tips for sleeping better.\"}]}",
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"Reverse the word \\\"planet\\\".\"}]}",
+    "{\"messages\":[{\"role\":\"system\",\"content\":\"Keep answers short.\"},"
+    "{\"role\":\"user\",\"content\":\"How many minutes are in 3 hours?\"}]}",
+    "{\"messages\":[{\"role\":\"user\",\"content\":\"Explain what a prime number is.\"}]}",
+};
+#define N_BUILTIN (int)(sizeof builtin_chats / sizeof builtin_chats[0])
+
+/* One chat request (JSON) rendered and tokenized into *ids (malloc'd). Returns 0, or a CN_E code
+ * with err saying what is wrong with it. */
+static int chat_ids(const char *json, size_t len, const cn_text *t, int32_t **ids, int *n, cn_err *err) {
+    cn_chat chat;
+    char *prompt = NULL;
+    size_t plen = 0;
+    int rc = cn_chat_parse(&chat, json, len, err);
+    if (rc) return rc;
+    rc = cn_render(cn_text_renderer(t), &chat, &prompt, &plen, err);
+    if (!rc) rc = cn_text_encode(t, prompt, plen, ids, n, err);
+    free(prompt);
+    cn_chat_free(&chat);
+    return rc;
+}
+
+/* Appends ids (taking it) to the prompt list. Returns 0, or 1 with the message printed. */
+static int push_prompt(int32_t ***ids, int **lens, int *n, int32_t *p, int np) {
+    int32_t **ni = realloc(*ids, (size_t)(*n + 1) * sizeof *ni);
+    if (ni) *ids = ni;
+    int *nl = ni ? realloc(*lens, (size_t)(*n + 1) * sizeof *nl) : NULL;
+    if (nl) *lens = nl;
+    if (!ni || !nl) {
+        fprintf(stderr, "cairn: out of memory\n");
+        free(p);
+        return 1;
+    }
+    (*ids)[*n] = p;
+    (*lens)[(*n)++] = np;
+    return 0;
+}
+
+/* The prompts of --chat: every non-empty line of path, rendered and tokenized; path NULL: the
+ * built-in requests. Returns 0, or 1 with the message printed (the line number and what is wrong
+ * with it). */
 static int load_chats(const char *path, const cn_text *t, int32_t ***ids, int **lens, int *n) {
+    *ids = NULL, *lens = NULL, *n = 0;
+    if (!path) {
+        for (int i = 0; i < N_BUILTIN; i++) {
+            cn_err err;
+            cn_err_clear(&err);
+            int32_t *p = NULL;
+            int np = 0;
+            if (chat_ids(builtin_chats[i], strlen(builtin_chats[i]), t, &p, &np, &err)) {
+                fprintf(stderr, "cairn: built-in chat %d: %s\n", i + 1, err.msg);
+                return 1;
+            }
+            if (push_prompt(ids, lens, n, p, np)) return 1;
+        }
+        return 0;
+    }
     FILE *f = fopen(path, "rb");
     if (!f) {
         fprintf(stderr, "cairn: --chat %s: cannot open\n", path);
@@ -101,38 +172,20 @@ static int load_chats(const char *path, const cn_text *t, int32_t ***ids, int **
     size_t cap = 0;
     ssize_t len;
     int lineno = 0, rc = 0;
-    *ids = NULL, *lens = NULL, *n = 0;
     while (!rc && (len = getline(&line, &cap, f)) >= 0) {
         lineno++;
         while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r' || line[len - 1] == ' ')) line[--len] = 0;
         if (!len) continue;
-        cn_chat chat;
         cn_err err;
         cn_err_clear(&err);
-        char *prompt = NULL;
-        size_t plen = 0;
         int32_t *p = NULL;
         int np = 0;
-        if (cn_chat_parse(&chat, line, (size_t)len, &err) || cn_render(cn_text_renderer(t), &chat, &prompt, &plen, &err) ||
-            cn_text_encode(t, prompt, plen, &p, &np, &err)) {
+        if (chat_ids(line, (size_t)len, t, &p, &np, &err)) {
             fprintf(stderr, "cairn: --chat %s:%d: %s\n", path, lineno, err.msg);
             rc = 1;
         } else {
-            int32_t **ni = realloc(*ids, (size_t)(*n + 1) * sizeof *ni);
-            int *nl = ni ? realloc(*lens, (size_t)(*n + 1) * sizeof *nl) : NULL;
-            if (ni) *ids = ni;
-            if (nl) *lens = nl;
-            if (!ni || !nl) {
-                fprintf(stderr, "cairn: out of memory\n");
-                free(p);
-                rc = 1;
-            } else {
-                (*ids)[*n] = p;
-                (*lens)[(*n)++] = np;
-            }
+            rc = push_prompt(ids, lens, n, p, np);
         }
-        free(prompt);
-        cn_chat_free(&chat);
     }
     free(line);
     fclose(f);
@@ -156,26 +209,33 @@ static double median(run_stats *st) {
 
 int cn_bench_speculate(int argc, char **argv) {
     const char *model = NULL, *chat_file = NULL;
-    int json = 0, threads = 0, prompt_len = 64, gen = 256, depth = 4, reps = 7;
+    int json = 0, threads = 0, prompt_len = 64, gen = 256, depth = 4, reps = 0, random_ids = 0;
     uint64_t seed = 1;
     cn_flag flags[] = {
         {"speculate", CN_FLAG_BOOL, &(int){0}, NULL, "this benchmark", 0, 0},
         {"model", CN_FLAG_STR, &model, "DIR", "a model with an MTP head (default: a tiny one made now)", 0, 0},
-        {"prompt", CN_FLAG_INT, &prompt_len, "N", "prompt tokens (default 64)", 0, 0},
+        {"prompt", CN_FLAG_INT, &prompt_len, "N", "prompt tokens of a random prompt (default 64)", 0, 0},
         {"tokens", CN_FLAG_INT, &gen, "N", "tokens generated per request (default 256)", 0, 0},
         {"depth", CN_FLAG_INT, &depth, "D", "drafts per round of the forced run (default 4)", 0, 0},
-        {"reps", CN_FLAG_INT, &reps, "N", "requests per engine, median rate reported (default 7)", 0, 0},
-        {"seed", CN_FLAG_U64, &seed, "S", "prompt seed (default 1)", 0, 0},
-        {"chat", CN_FLAG_STR, &chat_file, "FILE", "prompts: chat requests, one JSON object per line (default: random ids)", 0, 0},
+        {"reps", CN_FLAG_INT, &reps, "N", "requests per engine, median rate reported (default: one per chat prompt, 7 random)", 0, 0},
+        {"seed", CN_FLAG_U64, &seed, "S", "random prompt seed (default 1)", 0, 0},
+        {"chat", CN_FLAG_STR, &chat_file, "FILE",
+         "prompts: chat requests, one JSON object per line (default: 12 built-in short chat requests through "
+         "the model's chat template; random ids when it has none)", 0, 0},
+        {"random", CN_FLAG_BOOL, &random_ids, NULL, "random token ids as prompts, even with a chat template", 0, 0},
         {"threads", CN_FLAG_INT, &threads, "N", "CPU threads (default: all cores)", 0, 0},
         {"json", CN_FLAG_BOOL, &json, NULL, "print one JSON object", 0, 0},
         {NULL, 0, NULL, NULL, NULL, 0, 0},
     };
     int rc = cn_flags_parse(flags, argc, argv, "bench --speculate [--model DIR] [--chat FILE] [--depth D] [--json]");
     if (rc) return rc > 0 ? 0 : 2;
-    if (prompt_len < 1 || gen < 2 || reps < 1 || reps > MAX_REPS || depth < 1 || depth > CN_SPEC_MAX_DEPTH) {
+    if (prompt_len < 1 || gen < 2 || reps < 0 || reps > MAX_REPS || depth < 1 || depth > CN_SPEC_MAX_DEPTH) {
         fprintf(stderr, "cairn: --prompt >= 1, --tokens >= 2, --reps in 1..%d, --depth in 1..%d\n", MAX_REPS,
                 CN_SPEC_MAX_DEPTH);
+        return 2;
+    }
+    if (chat_file && random_ids) {
+        fprintf(stderr, "cairn: --chat and --random exclude each other\n");
         return 2;
     }
     char tmp[] = "/tmp/cairn-bench-spec-XXXXXX";
@@ -217,11 +277,17 @@ int cn_bench_speculate(int argc, char **argv) {
             fprintf(stderr, "cairn: %s\n", err.msg);
             goto done;
         }
+    } else if (!random_ids && cn_text_open(&text, model, c->model_type, &err)) {
+        text = NULL; /* no tokenizer or template: random ids, as the output says */
+    }
+    if (text) {
         if (load_chats(chat_file, text, &chats, &chat_len, &n_chats)) goto done;
         prompt_len = 0;
         for (int i = 0; i < n_chats; i++)
             if (chat_len[i] > prompt_len) prompt_len = chat_len[i];
     }
+    if (!reps) reps = n_chats ? (n_chats < MAX_REPS ? n_chats : MAX_REPS) : 7;
+    const char *source = chat_file ? chat_file : n_chats ? "built-in" : "random";
     /* plain, default (controller), forced depth; cold caches so that every request decodes alike */
     for (int k = 0; k < 3; k++) {
         cn_engine_opts o = {.ctx = prompt_len + gen + 8, .no_cache = 1, .no_speculate = k == 0,
@@ -274,11 +340,8 @@ int cn_bench_speculate(int argc, char **argv) {
      * steadier figure (same tokens in every run, so the ratio of times is the ratio of rates) */
     double cpu_speedup = st[1].cpu_s > 0 ? st[0].cpu_s / st[1].cpu_s : 0;
     if (json) {
-        if (chat_file) {
-            printf("{\"chat\":\"%s\",", chat_file);
-        } else {
-            printf("{");
-        }
+        printf("{\"prompts\":\"%s\",", source);
+        if (chat_file) printf("\"chat\":\"%s\",", chat_file);
         printf("\"model\":\"%s\",\"prompt_tokens\":%d,\"tokens\":%d,\"reps\":%d,\"depth\":%d,", made ? "tiny (made now)" : model,
                prompt_len, gen, reps, depth);
         printf("\"plain_tok_s\":%.2f,\"speculative_tok_s\":%.2f,\"forced_tok_s\":%.2f,", plain, dflt, forced);
@@ -293,9 +356,9 @@ int cn_bench_speculate(int argc, char **argv) {
                st[1].rounds, speedup, fspeedup, cpu_speedup, identical ? "true" : "false");
     } else {
         printf("model        %s (vocab %d, hidden %d)\n", made ? "tiny, made now" : model, c->vocab_size, c->hidden_size);
-        if (chat_file)
-            printf("requests     %d x (chat prompts of %s, at most %d tokens + up to %d generated), greedy, cold cache\n",
-                   reps, chat_file, prompt_len, gen);
+        if (n_chats)
+            printf("requests     %d x (%s chat prompts, at most %d tokens + up to %d generated), greedy, cold cache\n",
+                   reps, source, prompt_len, gen);
         else
             printf("requests     %d x (%d prompt + %d generated tokens), greedy, cold cache\n", reps, prompt_len, gen);
         printf("plain        %10.1f tokens/s\n", plain);

@@ -14,6 +14,7 @@
 #define PROBE_FIRST 4      /* plain steps of the first park */
 #define PROBE_MAX 512      /* the longest park */
 #define PROBE_DEPTH 1      /* a probe drafts one: the first position gates all the others */
+#define REMEASURE 64       /* rounds between plain steps that re-measure the baseline (load moves) */
 
 /* ---- open / close ----------------------------------------------------------------------------- */
 
@@ -56,14 +57,23 @@ fail:
     return rc;
 }
 
-static void drop_caps(cn_spec *sp) {
-    for (int i = 0; i < sp->n_caps; i++) cn_rsnap_free(sp->m, &sp->caps[i]);
-    sp->n_caps = 0;
+/* The round's captures stop meaning anything; their buffers stay for the next round. */
+static void drop_caps(cn_spec *sp) { sp->n_caps = 0; }
+
+/* Buffers for captures 0..d-1, allocated once each and kept until close: a capture written into
+ * fresh pages costs a page fault per 4 KiB, which on a small model is more than the forward. */
+static int ensure_caps(cn_spec *sp, cn_state *live, int d) {
+    if (sp->n_caps_alloc < d) sp->ctl.skip_cost = 1; /* this round's time is not a round's cost */
+    for (; sp->n_caps_alloc < d; sp->n_caps_alloc++) {
+        int rc = cn_state_snapshot_alloc(live, &sp->caps[sp->n_caps_alloc]);
+        if (rc) return rc; /* that one freed itself; the ones before stay */
+    }
+    return CN_OK;
 }
 
 void cn_spec_close(cn_spec *sp) {
     if (!sp) return;
-    drop_caps(sp);
+    for (int i = 0; i < sp->n_caps_alloc; i++) cn_rsnap_free(sp->m, &sp->caps[i]);
     cn_state_free(sp->draft);
     free(sp->pend_h);
     free(sp->pend_next);
@@ -96,11 +106,10 @@ static int forward_pending(cn_spec *sp, int k) {
     if (k <= 0) return CN_OK;
     size_t H = (size_t)sp->H;
     int rc = CN_OK;
-    /* The lm_head runs for the last slot only: the others just write their KV rows. */
-    if (k > 1) rc = cn_model_mtp_forward(sp->m, sp->draft, sp->pend_h, sp->pend_next, k - 1, NULL, NULL);
-    if (!rc)
-        rc = cn_model_mtp_forward(sp->m, sp->draft, sp->pend_h + (size_t)(k - 1) * H, sp->pend_next + k - 1,
-                                  1, sp->last_logits, sp->last_hidden);
+    /* One batch (a round's flush is one head forward, not one per slot); the lm_head runs for the
+     * last slot only: the others just write their KV rows. */
+    rc = cn_model_mtp_forward_last(sp->m, sp->draft, sp->pend_h, sp->pend_next, k, sp->last_logits,
+                                   sp->last_hidden);
     if (rc) return rc;
     sp->last_at = sp->draft->offset;
     memmove(sp->pend_h, sp->pend_h + (size_t)k * H, (size_t)(sp->n_pend - k) * H * sizeof(float));
@@ -192,6 +201,7 @@ int cn_spec_round(cn_spec *sp, cn_state *live, cn_sampler *smp, int32_t cur, int
     if ((rc = cn_spec_flush(sp))) return rc;
     if (sp->draft->offset != live->offset || sp->last_at != live->offset) return CN_EINVAL;
     if ((rc = propose(sp, smp, depth, greedy))) return rc;
+    if ((rc = ensure_caps(sp, live, depth))) return rc;
 
     /* One target forward over [cur, d1..dd], a capture at every position past cur. */
     int32_t toks[CN_SPEC_MAX_DEPTH + 1];
@@ -202,7 +212,8 @@ int cn_spec_round(cn_spec *sp, cn_state *live, cn_sampler *smp, int32_t cur, int
         at[j] = sp->round_p + 1 + j;
     }
     cn_batch bt = {.tokens = toks, .n = depth + 1, .all_logits = 1, .logits = sp->vlogits,
-                   .hidden = sp->vhidden, .capture_at = at, .n_capture = depth, .captures = sp->caps};
+                   .hidden = sp->vhidden, .capture_at = at, .n_capture = depth, .captures = sp->caps,
+                   .captures_ready = 1};
     if ((rc = cn_model_forward(sp->m, live, &bt))) return rc;
     sp->n_caps = depth;
 
@@ -292,6 +303,9 @@ int cn_spec_ctl_pick(cn_spec_ctl *c, int budget) {
     if (budget <= 0) return 0;
     int cap = budget < c->max_depth ? budget : c->max_depth;
     if (c->fixed) return cap;
+    /* Without a measured plain step the rounds' cost has nothing to be set against: the extra
+     * cost per draft would stay a guess (a third of a step) that makes deep drafts look cheap. */
+    if (c->plain_ms <= 0 || c->since_plain >= REMEASURE) return 0;
     if (c->parked) {
         if (c->park_left > 0) {
             c->park_left--;
@@ -308,18 +322,23 @@ int cn_spec_ctl_pick(cn_spec_ctl *c, int budget) {
 }
 
 void cn_spec_ctl_plain(cn_spec_ctl *c, double ms) {
+    c->since_plain = 0;
     c->plain_ms = c->plain_ms > 0 ? (1 - EWMA) * c->plain_ms + EWMA * ms : ms;
 }
 
 void cn_spec_ctl_round(cn_spec_ctl *c, int depth, int accepted, double ms) {
+    c->since_plain++;
     /* acceptance of position j is conditional on the drafts before it being kept */
     for (int j = 0; j < depth && j <= accepted; j++)
         c->acc[j] = (1 - EWMA) * c->acc[j] + EWMA * (j < accepted ? 1.0 : 0.0);
-    if (c->plain_ms > 0 && depth > 0) {
+    if (c->plain_ms > 0 && depth > 0 && !c->skip_cost) {
         double extra = (ms - c->plain_ms) / depth;
-        c->extra_ms = c->has_extra ? (1 - EWMA) * c->extra_ms + EWMA * extra : extra;
+        /* a probe's own measurement decides: the estimate that parked speculation may be stale
+         * (the machine's load moves) */
+        c->extra_ms = c->has_extra && !c->parked ? (1 - EWMA) * c->extra_ms + EWMA * extra : extra;
         c->has_extra = 1;
     }
+    c->skip_cost = 0;
     if (c->fixed) return;
     if (c->parked) {
         /* the probe decides: resume, or park twice as long */

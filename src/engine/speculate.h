@@ -39,7 +39,8 @@
  *     the target's hiddens and out[0..keep].
  *
  * Invariants:
- *  (1) Outside a round no capture is held (n_caps == 0).
+ *  (1) Outside a round no capture is held (n_caps == 0); the capture buffers themselves stay
+ *      allocated from the first round that needed them until close (no allocation per round).
  *  (2) The draft offset never exceeds the target's outside cn_spec_round; its rows below its
  *      offset are the head's output for committed tokens and target hiddens only.
  *  (3) Every round consumes random draws only through the request's sampler, so a seed fixes it.
@@ -64,7 +65,8 @@ typedef int (*cn_spec_test_oracle_fn)(void *ctx, int position, int depth, int32_
 /* The depth controller: acceptance per draft position and round cost, tracked as EWMAs across
  * requests; picks the depth that maximises committed tokens per millisecond, parks at 0 (plain
  * decoding) when speculation does not pay and probes again after a back-off that doubles up to
- * 512 plain steps. */
+ * 512 plain steps. A plain step is taken first and after every 64 rounds so that the cost of a
+ * round is always set against a measured plain step. */
 typedef struct cn_spec_ctl {
     int max_depth;                      /* 1..CN_SPEC_MAX_DEPTH */
     int fixed;                          /* 1: always max_depth (tests, benchmarks) */
@@ -75,6 +77,9 @@ typedef struct cn_spec_ctl {
     int parked;                         /* 1: plain decoding until park_left runs out */
     int park_left;                      /* plain steps before the next probe */
     int backoff;                        /* the next park's length */
+    int since_plain;                    /* rounds since the last plain step */
+    int skip_cost;                      /* 1: the round in flight allocated (its time is not
+                                         * a round's cost) */
 } cn_spec_ctl;
 
 typedef struct cn_spec {
@@ -95,8 +100,10 @@ typedef struct cn_spec {
     float *vlogits;                     /* [CN_SPEC_MAX_DEPTH + 1][V] verify logits */
     float *vhidden;                     /* [CN_SPEC_MAX_DEPTH + 1][H] verify hiddens */
     float *mh;                          /* [H] head hidden while drafting */
-    cn_rsnap caps[CN_SPEC_MAX_DEPTH];   /* captures at P+1..P+d of the round in flight */
-    int n_caps;
+    cn_rsnap caps[CN_SPEC_MAX_DEPTH];   /* captures at P+1..P+d of the round in flight; the
+                                         * buffers of the first n_caps_alloc live until close */
+    int n_caps;                         /* captures the round in flight holds */
+    int n_caps_alloc;
     int round_p, round_d;               /* P and d of the round in flight */
     int32_t out[CN_SPEC_MAX_DEPTH + 1];
     int n_out, n_acc;

@@ -376,6 +376,15 @@ static int check_batch(const cn_model *m, const cn_state *st, const cn_batch *bt
 }
 
 static int alloc_captures(cn_state *st, cn_batch *bt) {
+    if (bt->captures_ready) {
+        int n_mamba = 0;
+        for (int l = 0; l < st->n_layers; l++) n_mamba += st->layers[l].type == CN_BLOCK_MAMBA;
+        for (int i = 0; i < bt->n_capture; i++) {
+            if (bt->captures[i].n_layers != n_mamba) return CN_EINVAL;
+            bt->captures[i].offset = bt->capture_at[i];
+        }
+        return CN_OK;
+    }
     for (int i = 0; i < bt->n_capture; i++) memset(&bt->captures[i], 0, sizeof bt->captures[i]);
     for (int i = 0; i < bt->n_capture; i++) {
         int rc = cn_state_snapshot_alloc(st, &bt->captures[i]); /* the scan fills it */
@@ -386,6 +395,7 @@ static int alloc_captures(cn_state *st, cn_batch *bt) {
 }
 
 static void free_captures(cn_model *m, cn_batch *bt) {
+    if (bt->captures_ready) return; /* the caller's to keep */
     for (int i = 0; i < bt->n_capture; i++) cn_rsnap_free(m, &bt->captures[i]);
 }
 
@@ -468,8 +478,9 @@ int cn_model_verify(cn_model *m, cn_state *s, const int32_t *tokens, int k, floa
     return cn_model_forward(m, s, &bt);
 }
 
-int cn_model_mtp_forward(cn_model *m, cn_state *st, const float *hidden, const int32_t *next,
-                         int n, float *logits, float *hidden_out) {
+/* The head over n positions; last_only: logits and hidden_out hold the last position's only. */
+static int mtp_forward(cn_model *m, cn_state *st, const float *hidden, const int32_t *next, int n,
+                       float *logits, float *hidden_out, int last_only) {
     if (!st->mtp || !m->w.has_mtp || n <= 0 || !hidden || !next) return CN_EINVAL;
     if ((int64_t)st->offset + n > st->max_ctx) return CN_ECONTEXT;
     for (int i = 0; i < n; i++)
@@ -489,8 +500,13 @@ int cn_model_mtp_forward(cn_model *m, cn_state *st, const float *hidden, const i
         CHECK(cn_backend_upload(b, &m->s.ids, 0, next + done, (uint64_t)T * 4));
         CHECK(cn_backend_upload(b, &m->s.x, 0, hidden + (size_t)done * H, (uint64_t)T * H * 4));
         /* one draft token is one backend step (uploads before it, downloads after it) */
-        const int step = T == 1;
+        const int step = T == 1, last = done + T == n;
         float *lp = logits ? logits + (size_t)done * V : NULL;
+        float *hp = hidden_out ? hidden_out + (size_t)done * H : NULL;
+        if (last_only) {
+            lp = last ? logits : NULL;
+            hp = last ? hidden_out : NULL;
+        }
         if (step) CHECK(cn_backend_step_begin(b, STEP_MTP));
         int rc = cn_op_get_rows(b, &e, &m->w.embed, &ids);                /* e = embed(t_{i+1}) */
         if (!rc) rc = cn_op_rmsnorm(b, &ce, &e, &w->enorm, eps);          /* enorm(e) first */
@@ -502,15 +518,30 @@ int cn_model_mtp_forward(cn_model *m, cn_state *st, const float *hidden, const i
             if (!rc) rc = cn_op_rmsnorm(b, &xn, &x, &w->final_norm, eps);
             if (!rc && lp) rc = cn_op_matmul(b, &lg, &m->w.lm_head, &xn);
             CHECK(step_finish(b, rc));
-            if (hidden_out) CHECK(cn_backend_download(b, hidden_out + (size_t)done * H, &x));
+            if (hp) CHECK(cn_backend_download(b, hp, &x));
             if (lp) CHECK(cn_backend_download(b, lp, &lg));
+        } else if (last_only) {
+            CHECK(rc);
+            cn_tensor xl = cn_tensor_rows(&x, T - 1, 1);
+            if (hp) CHECK(cn_backend_download(b, hp, &xl));
+            if (lp) CHECK(head(m, &w->final_norm, T - 1, 1, lp, NULL)); /* the lm_head for one row */
         } else {
             CHECK(rc);
-            if (hidden_out) CHECK(cn_backend_download(b, hidden_out + (size_t)done * H, &x));
+            if (hp) CHECK(cn_backend_download(b, hp, &x));
             CHECK(head(m, &w->final_norm, 0, T, lp, NULL));
         }
         st->offset += T;
         done += T;
     }
     return CN_OK;
+}
+
+int cn_model_mtp_forward(cn_model *m, cn_state *st, const float *hidden, const int32_t *next,
+                         int n, float *logits, float *hidden_out) {
+    return mtp_forward(m, st, hidden, next, n, logits, hidden_out, 0);
+}
+
+int cn_model_mtp_forward_last(cn_model *m, cn_state *st, const float *hidden, const int32_t *next,
+                              int n, float *logits, float *hidden_out) {
+    return mtp_forward(m, st, hidden, next, n, logits, hidden_out, 1);
 }

@@ -71,6 +71,10 @@ typedef struct cn_batch {
     const int *capture_at; /* (optional) ascending offsets in (offset, offset+n] to capture at */
     int n_capture;
     cn_rsnap *captures;    /* OUT: [n_capture]; caller owns each, cn_rsnap_free() */
+    int captures_ready;    /* 1: captures[] already hold buffers of this state's shapes
+                            * (cn_state_snapshot_alloc) and are only filled: the forward neither
+                            * allocates nor frees them, so a caller that captures every round
+                            * (speculation) keeps its pages mapped and warm */
 } cn_batch;
 
 /* Opens the checkpoint in dir on backend b (which the caller owns and frees after the model). */
@@ -137,6 +141,10 @@ int cn_model_verify(cn_model *m, cn_state *s, const int32_t *tokens, int k, floa
  * own output before its final norm, for drafting further ahead. */
 int cn_model_mtp_forward(cn_model *m, cn_state *s, const float *hidden, const int32_t *next,
                          int n, float *logits, float *hidden_out);
+/* The same over n positions in one batch, with logits OUT [vocab] and hidden_out OUT [H] of the
+ * last position only (the drafter's flush: the other rows only write their KV). */
+int cn_model_mtp_forward_last(cn_model *m, cn_state *s, const float *hidden, const int32_t *next,
+                              int n, float *logits, float *hidden_out);
 
 void cn_rsnap_free(cn_model *m, cn_rsnap *snap);
 

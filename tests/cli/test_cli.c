@@ -244,6 +244,7 @@ static void test_generate_speculate(void **st) {
     assert_true(cJSON_IsNumber(cJSON_GetObjectItem(j, "speculative_speedup")));
     assert_true(cJSON_IsArray(cJSON_GetObjectItem(j, "acceptance_per_position")));
     assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "identical")));
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(j, "prompts")), "random"); /* no tokenizer */
     cJSON_Delete(j);
     free(o);
     assert_int_equal(run(&o, "%s bench speculate --model %s/nh-mix-f32", bin(), tu_data_dir()), 1);
@@ -260,6 +261,29 @@ static void test_generate_speculate(void **st) {
     assert_true(cJSON_GetObjectItem(j, "draft_acceptance")->valuedouble > 0.6);
     assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "identical")));
     cJSON_Delete(j);
+    free(o);
+    /* without --chat a model with a template gets the built-in chat requests, so the issue's plain
+     * command measures the head on text of its kind; --random asks for random ids */
+    assert_int_equal(run(&o, "%s bench --speculate --model %s/../../models/pebble --depth 1 --reps 3 --tokens 64 "
+                         "--json 2>/dev/null", bin(), tu_data_dir()), 0);
+    j = cJSON_Parse(o);
+    assert_non_null(j);
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(j, "prompts")), "built-in");
+    assert_null(cJSON_GetObjectItem(j, "chat"));
+    assert_int_equal(cJSON_GetObjectItem(j, "reps")->valueint, 3);
+    assert_true(cJSON_GetObjectItem(j, "draft_acceptance")->valuedouble > 0.6);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "identical")));
+    cJSON_Delete(j);
+    free(o);
+    assert_int_equal(run(&o, "%s bench --speculate --model %s/../../models/pebble --random --depth 1 --reps 1 "
+                         "--tokens 16 --prompt 8 --json 2>/dev/null", bin(), tu_data_dir()), 0);
+    j = cJSON_Parse(o);
+    assert_non_null(j);
+    assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(j, "prompts")), "random");
+    cJSON_Delete(j);
+    free(o);
+    assert_int_equal(run(&o, "%s bench --speculate --model x --chat y --random", bin()), 2);
+    assert_non_null(strstr(o, "exclude"));
     free(o);
     char bad[600];
     snprintf(bad, sizeof bad, "%s/bad_chats.jsonl", g_tmp);

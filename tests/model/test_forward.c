@@ -401,6 +401,22 @@ static void test_mtp(void **st) {
     double e = tu_rel_err(lg, g.mtp_logits, (size_t)(n - 1) * f.V);
     fprintf(stderr, "mtp draft logits rel err %.3g\n", e);
     assert_true(e < REL_TOL);
+    /* the drafter's flush: one batch, logits and hidden of the last row only, the same values */
+    float *hid = malloc((size_t)(n - 1) * f.H * sizeof *hid), *hl = malloc((size_t)f.H * sizeof *hl);
+    float *ll = malloc((size_t)f.V * sizeof *ll);
+    cn_state *m2, *m3;
+    assert_int_equal(cn_state_create(&m2, f.m, n, 1), 0);
+    assert_int_equal(cn_state_create(&m3, f.m, n, 1), 0);
+    assert_int_equal(cn_model_mtp_forward(f.m, m2, hidden, g.prompt + 1, n - 1, lg, hid), 0);
+    assert_int_equal(cn_model_mtp_forward_last(f.m, m3, hidden, g.prompt + 1, n - 1, ll, hl), 0);
+    assert_int_equal(m3->offset, n - 1);
+    assert_memory_equal(ll, lg + (size_t)(n - 2) * f.V, (size_t)f.V * sizeof *ll);
+    assert_memory_equal(hl, hid + (size_t)(n - 2) * f.H, (size_t)f.H * sizeof *hl);
+    cn_state_free(m2);
+    cn_state_free(m3);
+    free(hid);
+    free(hl);
+    free(ll);
     cn_state_free(ms);
     free(lg);
     free(ref);
