@@ -5,7 +5,7 @@ import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { Ollama } from 'ollama';
 import OpenAI from 'openai';
-import { startServer, longText, sleep, waitFor } from './harness.mjs';
+import { startServer, longText, waitFor } from './harness.mjs';
 
 const KEY = 'sekret-key';
 const MODEL = 'tiny';
@@ -22,6 +22,7 @@ before(async () => {
 });
 after(async () => { if (srv) assert.equal(await srv.stop(), 0, srv.log()); });
 
+const ps = async () => (await ollama.ps()).models[0];
 const idle = () => waitFor(async () => { const m = (await ollama.ps()).models[0]; return m.running === 0 && m.queued === 0; }, 30000, 'idle');
 
 test('401 without the bearer key or with a wrong one, in each dialect', async () => {
@@ -48,9 +49,9 @@ test('413 for a body over --max-body, declared or not', async () => {
 test('503 with Retry-After when the queue is full; every accepted request completes', async () => {
   const gen = (seed) => openai.completions.create({ model: MODEL, prompt: longText(500, seed), max_tokens: 2 });
   const accepted = [gen(101)];
-  await sleep(100); // the first is running
+  await waitFor(async () => (await ps()).running === 1, 20000, 'the first request running');
   accepted.push(gen(102), gen(103)); // two wait: the queue is full
-  await sleep(100);
+  await waitFor(async () => (await ps()).queued === 2, 20000, 'two requests queued');
   const r = await fetch(srv.url + '/v1/completions', { method: 'POST', headers: auth,
     body: JSON.stringify({ model: MODEL, prompt: 'one more', max_tokens: 1 }) });
   assert.equal(r.status, 503);
@@ -61,13 +62,15 @@ test('503 with Retry-After when the queue is full; every accepted request comple
 });
 
 test('a queued request whose client leaves is dropped without running', async () => {
+  // Each step waits for the server to show the state it needs, never for a fixed time: on a loaded
+  // machine the first request can reach the server after the second.
   const first = openai.completions.create({ model: MODEL, prompt: longText(1100, 201), max_tokens: 2 });
-  await sleep(100);
+  await waitFor(async () => (await ps()).running === 1, 20000, 'the first request running');
   const ac = new AbortController();
   const queued = fetch(srv.url + '/api/generate', { method: 'POST', headers: auth, signal: ac.signal,
     body: JSON.stringify({ model: MODEL, prompt: 'left while queued', raw: true, options: { num_predict: 2 } }) })
     .then((r) => r.text()).catch((e) => e.name);
-  await sleep(50);
+  await waitFor(async () => (await ps()).queued === 1, 20000, 'the second request queued');
   ac.abort();
   assert.equal(await queued, 'AbortError');
   await first;
