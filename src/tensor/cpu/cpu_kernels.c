@@ -367,7 +367,7 @@ A5_IN void a5_block(int dt, int R, int NR, const cpu_wmat *w, const float *const
         __m512 wv[8];
 #pragma GCC unroll 8
         for (int j = 0; j < NR; j++) {
-            if (R == 1) _mm_prefetch(wr[j] + k * esz + 1024, _MM_HINT_T0);
+            if (R <= 2) _mm_prefetch(wr[j] + k * esz + 1024, _MM_HINT_T0);
             wv[j] = a5_load(dt, wr[j], k);
         }
 #pragma GCC unroll 4
@@ -397,7 +397,8 @@ A5_IN void a5_tile_dt(int dt, const cpu_wmat *w, const float *const *xr, float *
         for (; n + 4 <= n1; n += 4) a5_block(dt, 3, 4, w, xr, yr, n);
         for (; n < n1; n++) a5_block(dt, 3, 1, w, xr, yr, n);
         break;
-    case 2:
+    case 2: /* a speculative verify's shape: a stream of weight rows, like decode's */
+        for (; n + 8 <= n1; n += 8) a5_block(dt, 2, 8, w, xr, yr, n);
         for (; n + 4 <= n1; n += 4) a5_block(dt, 2, 4, w, xr, yr, n);
         for (; n < n1; n++) a5_block(dt, 2, 1, w, xr, yr, n);
         break;
