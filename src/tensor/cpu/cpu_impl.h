@@ -40,24 +40,9 @@ typedef struct cpu_wmat {
  *   float   d[KP / 4]  amax / 127 of the block holding values 4i..4i+3 (repeated per 4 values)
  *   int32_t c[KP / 4]  -12 * (q[4i] + .. + q[4i+3]): the correction that lets an unsigned weight
  *                      2 * e2m1 + 12 (0..24) multiply signed q (VNNI vpdpbusd is u8 x s8)
- *   int8_t  qg[KP]      q reordered per 64-value chunk: bytes 16g..16g+15 hold inputs
- *                       4g..4g+3 of the chunk's blocks 0..3 (the AVX-512 tile kernel's quads)
- *   float   db[KP / 16] amax / 127 of block b, once per block
- *   int32_t cb[KP / 16] -12 * (sum of block b's 16 q)
- * Lanes of 4 values are what one vpdpbusd int32 lane sums, at any vector width; the AVX-512
- * kernels read q or qg with db and cb (24 bytes per 16 values), the others q, d and c. */
+ * Lanes of 4 values are what one vpdpbusd int32 lane sums, at any vector width. */
 #define CPU_XQ_KPAD(K) (((K) + 63) & ~(int64_t)63)
-#define CPU_XQ_BYTES(K) ((9 * CPU_XQ_KPAD(K) / 2 + 63) & ~(int64_t)63) /* rows stay 64-aligned */
-
-/* NVFP4 weight panel of the prefill kernel: CPU_PANEL_ROWS weight rows decoded once into, per
- * block of 16 inputs, 4 x 64 bytes (vector g holds inputs 4g..4g+3 of row r in bytes 4r..4r+3,
- * as 2 * e2m1 + 12: the layout vpdpbusd multiplies against one token's broadcast 4 bytes) and
- * the 16 rows' E4M3 block scales as fp32. */
-#define CPU_PANEL_ROWS 16
-#define CPU_PANEL_BLOCK_BYTES (4 * 64 + 16 * 4)
-#define CPU_PANEL_BYTES(K) (CPU_XQ_KPAD(K) / 16 * CPU_PANEL_BLOCK_BYTES) /* blocks to a multiple of 4 */
-/* Fewest x rows a weight panel is decoded for (below, the direct tile kernel runs). */
-#define CPU_PANEL_MIN_T 6
+#define CPU_XQ_BYTES(K) (3 * CPU_XQ_KPAD(K))
 
 /* Most x rows one matmul tile takes (each weight row loaded once is used for all of them). */
 #define CPU_MM_ROWS 4
@@ -96,13 +81,6 @@ typedef struct cpu_kernels {
      * xq[r] a quantized row (CPU_XQ_BYTES layout), r < R (1..CPU_MM_ROWS), n in [n0, n1). */
     void (*mm_nvfp4)(const cpu_wmat *w, const int8_t *const *xq, float *const *yr, int R,
                      int64_t n0, int64_t n1);
-    /* NVFP4 prefill over a weight panel (NULL: this ISA has none, mm_nvfp4 serves): rows
-     * n0 <= n < n1 (n1 - n0 <= CPU_PANEL_ROWS) decoded once into `panel` (CPU_PANEL_BYTES(K),
-     * 64-byte aligned), then yr[t][n] for every t < T. Per output: blocks in order, the block's
-     * integer sum exact, acc = fma(sum, e4m3(bs) * d, acc), then * scale (the scalar
-     * reference's order). */
-    void (*mm_nvfp4_panel)(const cpu_wmat *w, const int8_t *const *xq, float *const *yr, int T,
-                           int64_t n0, int64_t n1, void *panel);
     /* Quantizes one activation row of K values (K % 16 == 0) into the CPU_XQ_BYTES layout.
      * Identical bytes on every ISA (the same fp32 operations, max is order-free). */
     void (*quant_nvfp4)(const float *x, int64_t K, int8_t *xq);
