@@ -352,28 +352,33 @@ static int drain(env *v) {
     return steps;
 }
 
+/* rounds branches of one 40-token base, each run then retried, under a RAM budget: after each
+ * the cache is over budget only if nothing evictable is left, and the active path is intact (an
+ * identical retry restores at its pre-end point). Closes v. */
+static void eviction_rounds(env *v, int rounds, uint64_t budget) {
+    int32_t base[40];
+    for (int i = 0; i < 40; i++) base[i] = rnd_token(v->V);
+    for (int k = 0; k < rounds; k++) {
+        int32_t p[70];
+        memcpy(p, base, sizeof base);
+        for (int i = 40; i < 70; i++) p[i] = rnd_token(v->V);
+        cn_result r = turn(v, p, 70, 2, -1);
+        free(r.tokens);
+        drain(v);
+        if (v->e->pc.ram_bytes > budget) assert_int_equal(cn_trie_walk(&v->e->pc.trie, evictable, v), 0);
+        r = turn(v, p, 70, 2, 66);
+        free(r.tokens);
+    }
+    assert_true(v->e->pc.n_evicted > 0);
+    env_close(v);
+}
+
 /* Under a tiny budget the active path and branch points survive, bytes stay exact. */
 static void test_eviction(void **st) {
     (void)st;
     env v;
     env_open(&v, "nh-mix-f32", 8, 8, 64 * 1024);
-    int32_t base[40];
-    for (int i = 0; i < 40; i++) base[i] = rnd_token(v.V);
-    for (int k = 0; k < 6; k++) {
-        int32_t p[70];
-        memcpy(p, base, sizeof base);
-        for (int i = 40; i < 70; i++) p[i] = rnd_token(v.V);
-        cn_result r = turn(&v, p, 70, 2, -1);
-        free(r.tokens);
-        drain(&v);
-        /* over budget only if nothing evictable is left */
-        if (v.e->pc.ram_bytes > 64 * 1024) assert_int_equal(cn_trie_walk(&v.e->pc.trie, evictable, &v), 0);
-        /* the active path is intact: an identical retry restores at its pre-end point */
-        r = turn(&v, p, 70, 2, 66);
-        free(r.tokens);
-    }
-    assert_true(v.e->pc.n_evicted > 0);
-    env_close(&v);
+    eviction_rounds(&v, 6, 64 * 1024);
 }
 
 /* A budget cut far below what the trie holds: no close does more than its step (o.evict_steps
@@ -705,21 +710,7 @@ static void test_window_eviction(void **st) {
     (void)st;
     env v;
     open_pattern_opts(&v, "MS*E", 16, 0, 8, 8, 48 * 1024);
-    int32_t base[40];
-    for (int i = 0; i < 40; i++) base[i] = rnd_token(v.V);
-    for (int k = 0; k < 5; k++) {
-        int32_t p[70];
-        memcpy(p, base, sizeof base);
-        for (int i = 40; i < 70; i++) p[i] = rnd_token(v.V);
-        cn_result r = turn(&v, p, 70, 2, -1);
-        free(r.tokens);
-        drain(&v);
-        if (v.e->pc.ram_bytes > 48 * 1024) assert_int_equal(cn_trie_walk(&v.e->pc.trie, evictable, &v), 0);
-        r = turn(&v, p, 70, 2, 66);
-        free(r.tokens);
-    }
-    assert_true(v.e->pc.n_evicted > 0);
-    env_close(&v);
+    eviction_rounds(&v, 5, 48 * 1024);
 }
 
 /* Pair keys on a target with sliding-window layers (the MTP head's own layers are full attention):
