@@ -4,10 +4,12 @@
 #define CN_TEST_UTIL_H
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "tensor/backends.h"
@@ -94,6 +96,31 @@ static inline cn_backend *tu_backend(int n_threads) {
  * problem. The CPU backend implements everything, so there it is never a reason to skip. */
 static inline int tu_backend_declines(int rc) {
     return rc == CN_EUNSUPPORTED && strcmp(cn_backend_default_name(), "cpu") != 0;
+}
+
+/* The cairn binary the CLI tests run: $CAIRN_BIN, else build/cairn (ctest runs from the repo root). */
+static inline const char *tu_cairn_bin(void) {
+    const char *b = getenv("CAIRN_BIN");
+    return b ? b : "build/cairn";
+}
+
+/* Runs a shell command made from fmt; its stdout (with stderr when merge_err, else stderr goes to
+ * tmp/err.txt) lands in tmp/out.txt and in *out (caller frees). Returns the exit status, -1 if it
+ * did not exit. */
+static inline int tu_sh(const char *tmp, int merge_err, char **out, const char *fmt, ...) {
+    char cmd[4096], path[1024], full[6400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof cmd, fmt, ap);
+    va_end(ap);
+    snprintf(path, sizeof path, "%s/out.txt", tmp);
+    if (merge_err)
+        snprintf(full, sizeof full, "%s >'%s' 2>&1", cmd, path);
+    else
+        snprintf(full, sizeof full, "%s >'%s' 2>'%s/err.txt'", cmd, path, tmp);
+    int st = system(full);
+    if (out) *out = tu_read_file(path, NULL);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 /* Removes a directory tree made by a test (best effort). */

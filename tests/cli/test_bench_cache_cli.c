@@ -17,29 +17,10 @@ static char g_tmp[512];
 static char g_model[600];
 static const char *g_cmd; /* "bench cache" once the dispatcher has it, else "bench-cache" */
 
-static const char *bin(void) {
-    const char *b = getenv("CAIRN_BIN");
-    return b ? b : "build/cairn";
-}
-
-/* Runs a shell command; returns its exit status, stdout in *out (caller frees). */
-static int run(char **out, const char *fmt, ...) {
-    char cmd[4096], path[1024], full[6400];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    snprintf(path, sizeof path, "%s/out.txt", g_tmp);
-    snprintf(full, sizeof full, "%s >'%s' 2>'%s/err.txt'", cmd, path, g_tmp);
-    int st = system(full);
-    if (out) *out = tu_read_file(path, NULL);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 static cJSON *bench_json(const char *extra) {
     char *out = NULL;
-    int rc = run(&out, "'%s' %s --model '%s' --prompt-tokens 300 --spacing 32 --threads 2 --repeat 1 --json %s",
-                 bin(), g_cmd, g_model, extra);
+    int rc = tu_sh(g_tmp, 0, &out, "'%s' %s --model '%s' --prompt-tokens 300 --spacing 32 --threads 2 --repeat 1 --json %s",
+                 tu_cairn_bin(), g_cmd, g_model, extra);
     assert_int_equal(rc, 0);
     assert_non_null(out);
     cJSON *j = cJSON_Parse(out);
@@ -116,8 +97,8 @@ static void test_deterministic_subset(void **st) {
 static void test_text_report(void **st) {
     (void)st;
     char *out = NULL;
-    assert_int_equal(run(&out, "'%s' %s --model '%s' --prompt-tokens 200 --spacing 16 --repeat 1 --patterns 1,7",
-                         bin(), g_cmd, g_model), 0);
+    assert_int_equal(tu_sh(g_tmp, 0, &out, "'%s' %s --model '%s' --prompt-tokens 200 --spacing 16 --repeat 1 --patterns 1,7",
+                         tu_cairn_bin(), g_cmd, g_model), 0);
     assert_non_null(out);
     assert_non_null(strstr(out, "(1) give-up at 30%, identical retry: 2 requests"));
     assert_non_null(strstr(out, "PASS"));
@@ -128,14 +109,14 @@ static void test_text_report(void **st) {
 
 static void test_usage_errors(void **st) {
     (void)st;
-    assert_int_equal(run(NULL, "'%s' %s --patterns 8", bin(), g_cmd), 2);
-    assert_int_equal(run(NULL, "'%s' %s --patterns 1,x", bin(), g_cmd), 2);
-    assert_int_equal(run(NULL, "'%s' %s --prompt-tokens 10", bin(), g_cmd), 2);
-    assert_int_equal(run(NULL, "'%s' %s --spacing 0", bin(), g_cmd), 2);
-    assert_int_equal(run(NULL, "'%s' %s --bogus", bin(), g_cmd), 2);
-    assert_int_equal(run(NULL, "'%s' %s --model /nonexistent/model --patterns 1", bin(), g_cmd), 1);
+    assert_int_equal(tu_sh(g_tmp, 0, NULL, "'%s' %s --patterns 8", tu_cairn_bin(), g_cmd), 2);
+    assert_int_equal(tu_sh(g_tmp, 0, NULL, "'%s' %s --patterns 1,x", tu_cairn_bin(), g_cmd), 2);
+    assert_int_equal(tu_sh(g_tmp, 0, NULL, "'%s' %s --prompt-tokens 10", tu_cairn_bin(), g_cmd), 2);
+    assert_int_equal(tu_sh(g_tmp, 0, NULL, "'%s' %s --spacing 0", tu_cairn_bin(), g_cmd), 2);
+    assert_int_equal(tu_sh(g_tmp, 0, NULL, "'%s' %s --bogus", tu_cairn_bin(), g_cmd), 2);
+    assert_int_equal(tu_sh(g_tmp, 0, NULL, "'%s' %s --model /nonexistent/model --patterns 1", tu_cairn_bin(), g_cmd), 1);
     char *out = NULL;
-    assert_int_equal(run(&out, "'%s' %s --help", bin(), g_cmd), 0);
+    assert_int_equal(tu_sh(g_tmp, 0, &out, "'%s' %s --help", tu_cairn_bin(), g_cmd), 0);
     assert_non_null(out);
     assert_non_null(strstr(out, "--prompt-tokens"));
     free(out);
@@ -149,12 +130,12 @@ int main(void) {
     tu_rmtree(g_tmp);
     mkdir(g_tmp, 0755);
     snprintf(g_model, sizeof g_model, "%s/tiny", g_tmp);
-    if (run(NULL, "'%s' make-model --preset tiny --out '%s'", bin(), g_model) != 0) {
+    if (tu_sh(g_tmp, 0, NULL, "'%s' make-model --preset tiny --out '%s'", tu_cairn_bin(), g_model) != 0) {
         fprintf(stderr, "cannot write the tiny model\n");
         return 1;
     }
     /* the lead wires the command as `cairn bench cache`; until then it is `cairn bench-cache` */
-    g_cmd = run(NULL, "'%s' bench cache --help", bin()) == 0 ? "bench cache" : "bench-cache";
+    g_cmd = tu_sh(g_tmp, 0, NULL, "'%s' bench cache --help", tu_cairn_bin()) == 0 ? "bench cache" : "bench-cache";
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_pattern_within_bound),
         cmocka_unit_test(test_deterministic_subset),

@@ -16,31 +16,12 @@
 static char g_tmp[512];
 static char g_model[600];
 
-static const char *bin(void) {
-    const char *b = getenv("CAIRN_BIN");
-    return b ? b : "build/cairn";
-}
-
-/* Runs a shell command; returns its exit status, stdout in *out (caller frees). */
-static int run(char **out, const char *fmt, ...) {
-    char cmd[4096], path[1024], full[6400];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    snprintf(path, sizeof path, "%s/out.txt", g_tmp);
-    snprintf(full, sizeof full, "%s >'%s' 2>'%s/err.txt'", cmd, path, g_tmp);
-    int st = system(full);
-    if (out) *out = tu_read_file(path, NULL);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
 /* Tiny sizes: the run takes about a second, most of it the peak probe. */
 #define SMALL "--prompt 24 --prompt-short 8 --context 40 --gen 4 --probe-mb 16 --threads 2 --json"
 
 static cJSON *bench_json(const char *args) {
     char *out = NULL;
-    int rc = run(&out, "'%s' bench %s " SMALL, bin(), args);
+    int rc = tu_sh(g_tmp, 0, &out, "'%s' bench %s " SMALL, tu_cairn_bin(), args);
     if (rc != 0) {
         char path[1024];
         snprintf(path, sizeof path, "%s/err.txt", g_tmp);
@@ -134,15 +115,15 @@ static void test_usage_errors(void **st) {
         "--preset",                              /* missing value */
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
-        int rc = run(NULL, "'%s' bench %s", bin(), bad[i]);
+        int rc = tu_sh(g_tmp, 0, NULL, "'%s' bench %s", tu_cairn_bin(), bad[i]);
         if (rc != 2) fprintf(stderr, "cairn bench %s: exit %d\n", bad[i], rc);
         assert_int_equal(rc, 2);
     }
-    assert_int_equal(run(NULL, "'%s' bench --help", bin()), 0);
-    assert_int_equal(run(NULL, "'%s' bench nonsense", bin()), 2);
+    assert_int_equal(tu_sh(g_tmp, 0, NULL, "'%s' bench --help", tu_cairn_bin()), 0);
+    assert_int_equal(tu_sh(g_tmp, 0, NULL, "'%s' bench nonsense", tu_cairn_bin()), 2);
     /* the subcommands still dispatch */
-    assert_int_equal(run(NULL, "'%s' bench cache --help", bin()), 0);
-    assert_int_equal(run(NULL, "'%s' bench tokenizer --help", bin()), 0);
+    assert_int_equal(tu_sh(g_tmp, 0, NULL, "'%s' bench cache --help", tu_cairn_bin()), 0);
+    assert_int_equal(tu_sh(g_tmp, 0, NULL, "'%s' bench tokenizer --help", tu_cairn_bin()), 0);
 }
 
 static int setup(void **st) {
@@ -152,7 +133,7 @@ static int setup(void **st) {
     snprintf(g_tmp, sizeof g_tmp, "%s", d);
     free(d);
     snprintf(g_model, sizeof g_model, "%s/tiny", g_tmp);
-    return run(NULL, "'%s' make-model --preset tiny --no-mtp --out '%s'", bin(), g_model) == 0 ? 0 : -1;
+    return tu_sh(g_tmp, 0, NULL, "'%s' make-model --preset tiny --no-mtp --out '%s'", tu_cairn_bin(), g_model) == 0 ? 0 : -1;
 }
 
 static int teardown(void **st) {

@@ -36,11 +36,6 @@ static int run(char **out, char **err, const char *fmt, ...) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-static const char *bin(void) {
-    const char *b = getenv("CAIRN_BIN");
-    return b ? b : "build/cairn";
-}
-
 /* A prompt of n ids in a file (for --tokens @FILE); returns its path. */
 static char *prompt_file(const char *name, int n, uint32_t seed) {
     char *path = malloc(600);
@@ -97,23 +92,23 @@ static void test_repeat_and_list(void **st) {
     snprintf(cache, sizeof cache, "%s/cache1", g_tmp);
     char *o = NULL, *e = NULL;
     const char *gen = "%s generate --model %s/nh-mix-f32 --tokens @%s --max-tokens 0 --json --cache-dir %s";
-    assert_int_equal(run(&o, NULL, gen, bin(), tu_data_dir(), ids, cache), 0);
+    assert_int_equal(run(&o, NULL, gen, tu_cairn_bin(), tu_data_dir(), ids, cache), 0);
     assert_int_equal(json_int(o, "cached_tokens"), 0);
     free(o);
-    assert_int_equal(run(&o, NULL, gen, bin(), tu_data_dir(), ids, cache), 0);
+    assert_int_equal(run(&o, NULL, gen, tu_cairn_bin(), tu_data_dir(), ids, cache), 0);
     assert_int_equal(json_int(o, "cached_tokens"), 196); /* the restore point 4 before the end */
     assert_int_equal(json_int(o, "prompt_eval_count"), 4);
     free(o);
 
-    assert_int_equal(run(&o, NULL, "%s cache --cache-dir %s", bin(), cache), 0);
+    assert_int_equal(run(&o, NULL, "%s cache --cache-dir %s", tu_cairn_bin(), cache), 0);
     assert_non_null(strstr(o, "2 nodes")); /* [0, 196) and the frontier [196, 200) */
     assert_non_null(strstr(o, "   196     200"));
     assert_non_null(strstr(o, "total: 2 nodes in 1 model"));
     free(o);
-    assert_int_equal(run(&o, NULL, "%s cache --cache-dir %s --model %s/nh-mix-f32", bin(), cache, tu_data_dir()), 0);
+    assert_int_equal(run(&o, NULL, "%s cache --cache-dir %s --model %s/nh-mix-f32", tu_cairn_bin(), cache, tu_data_dir()), 0);
     assert_non_null(strstr(o, "2 nodes"));
     free(o);
-    assert_int_equal(run(&o, NULL, "%s cache --cache-dir %s --model %s/nh-fp8", bin(), cache, tu_data_dir()), 0);
+    assert_int_equal(run(&o, NULL, "%s cache --cache-dir %s --model %s/nh-fp8", tu_cairn_bin(), cache, tu_data_dir()), 0);
     assert_non_null(strstr(o, "no restore points"));
     free(o);
 
@@ -127,23 +122,23 @@ static void test_repeat_and_list(void **st) {
     fwrite(b, 1, n, fp);
     fclose(fp);
     free(b);
-    assert_int_equal(run(&o, NULL, "%s cache --cache-dir %s", bin(), cache), 0);
+    assert_int_equal(run(&o, NULL, "%s cache --cache-dir %s", tu_cairn_bin(), cache), 0);
     assert_non_null(strstr(o, "FAILS"));
     assert_non_null(strstr(o, "checksum mismatch"));
     assert_non_null(strstr(o, "1 failing verification"));
     free(o);
-    assert_int_equal(run(&o, &e, gen, bin(), tu_data_dir(), ids, cache), 0);
+    assert_int_equal(run(&o, &e, gen, tu_cairn_bin(), tu_data_dir(), ids, cache), 0);
     assert_non_null(strstr(e, "skipping"));
     assert_non_null(strstr(e, "checksum mismatch"));
     assert_int_equal(json_int(o, "prompt_tokens"), 200);
     free(o);
     free(e);
-    assert_int_equal(run(&o, NULL, "%s cache --cache-dir %s", bin(), cache), 0);
+    assert_int_equal(run(&o, NULL, "%s cache --cache-dir %s", tu_cairn_bin(), cache), 0);
     assert_non_null(strstr(o, "1 file set aside"));
     assert_non_null(strstr(o, "0 failing verification"));
     free(o);
     /* and the run rewrote what it lost: the next one resumes at 196 again */
-    assert_int_equal(run(&o, NULL, gen, bin(), tu_data_dir(), ids, cache), 0);
+    assert_int_equal(run(&o, NULL, gen, tu_cairn_bin(), tu_data_dir(), ids, cache), 0);
     assert_int_equal(json_int(o, "cached_tokens"), 196);
     free(o);
     free(f);
@@ -168,7 +163,7 @@ static int interrupt_run(const char *model, const char *ids, const char *cache, 
     if (pid == 0) {
         if (!freopen(out, "w", stdout) || !freopen(err, "w", stderr)) _exit(99);
         setenv("CAIRN_LOG", "debug", 1); /* the cache logs its lookup at debug level */
-        execl(bin(), "cairn", "generate", "--model", model, "--tokens", tokens, "--max-tokens", "0",
+        execl(tu_cairn_bin(), "cairn", "generate", "--model", model, "--tokens", tokens, "--max-tokens", "0",
               "--chunk", "1", "--threads", "1", "--json", "--cache-dir", cache, (char *)NULL);
         _exit(98);
     }
@@ -215,14 +210,14 @@ static void test_interrupt_resumes(void **st) {
     assert_true(stopped > 0 && stopped < n);
     char *o = NULL;
     /* on disk: a node ends where the interrupted run stopped (the next run merges it away) */
-    assert_int_equal(run(&o, NULL, "%s cache --cache-dir %s", bin(), cache), 0);
+    assert_int_equal(run(&o, NULL, "%s cache --cache-dir %s", tu_cairn_bin(), cache), 0);
     char end[32];
     snprintf(end, sizeof end, " %d ", stopped);
     assert_non_null(strstr(o, end));
     assert_null(strstr(o, "FAILS"));
     free(o);
     assert_int_equal(run(&o, NULL, "%s generate --model %s --tokens @%s --max-tokens 0 --json --cache-dir %s",
-                         bin(), model, ids, cache), 0);
+                         tu_cairn_bin(), model, ids, cache), 0);
     assert_int_equal(json_int(o, "cached_tokens"), stopped);
     assert_int_equal(json_int(o, "prompt_eval_count"), n - stopped);
     free(o);
@@ -232,15 +227,15 @@ static void test_interrupt_resumes(void **st) {
 static void test_usage(void **st) {
     (void)st;
     char *e = NULL;
-    assert_int_equal(run(NULL, &e, "%s cache", bin()), 2);
+    assert_int_equal(run(NULL, &e, "%s cache", tu_cairn_bin()), 2);
     assert_non_null(strstr(e, "--cache-dir"));
     free(e);
-    assert_int_equal(run(NULL, &e, "%s generate --model x --tokens 1 --cache-disk 1G", bin()), 2);
+    assert_int_equal(run(NULL, &e, "%s generate --model x --tokens 1 --cache-disk 1G", tu_cairn_bin()), 2);
     assert_non_null(strstr(e, "--cache-dir"));
     free(e);
-    assert_int_equal(run(NULL, &e, "%s generate --model x --tokens 1 --cache-dir /tmp --cache-disk 12Q", bin()), 2);
+    assert_int_equal(run(NULL, &e, "%s generate --model x --tokens 1 --cache-dir /tmp --cache-disk 12Q", tu_cairn_bin()), 2);
     free(e);
-    assert_int_equal(run(NULL, &e, "%s cache --cache-dir %s/none", bin(), g_tmp), 1);
+    assert_int_equal(run(NULL, &e, "%s cache --cache-dir %s/none", tu_cairn_bin(), g_tmp), 1);
     assert_non_null(strstr(e, "none"));
     free(e);
 }

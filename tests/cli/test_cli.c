@@ -13,26 +13,6 @@
 
 static char g_tmp[512];
 
-/* Runs a shell command; returns its exit status, stdout+stderr in *out (caller frees). */
-static int run(char **out, const char *fmt, ...) {
-    char cmd[4096], path[600];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof cmd, fmt, ap);
-    va_end(ap);
-    snprintf(path, sizeof path, "%s/out.txt", g_tmp);
-    char full[4800];
-    snprintf(full, sizeof full, "%s >'%s' 2>&1", cmd, path);
-    int st = system(full);
-    if (out) *out = tu_read_file(path, NULL);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-static const char *bin(void) {
-    const char *b = getenv("CAIRN_BIN");
-    return b ? b : "build/cairn";
-}
-
 /* The reference prompt of a golden, as "1,2,3", and its greedy continuation. */
 static char *golden_ids(const char *name, const char *key) {
     char path[600];
@@ -53,26 +33,26 @@ static char *golden_ids(const char *name, const char *key) {
 static void test_usage_errors(void **st) {
     (void)st;
     char *o = NULL;
-    assert_int_equal(run(&o, "%s", bin()), 2);
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s", tu_cairn_bin()), 2);
     free(o);
-    assert_int_equal(run(&o, "%s frobnicate", bin()), 2);
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s frobnicate", tu_cairn_bin()), 2);
     assert_non_null(strstr(o, "unknown command"));
     free(o);
-    assert_int_equal(run(&o, "%s logits --model x", bin()), 2);
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s logits --model x", tu_cairn_bin()), 2);
     assert_non_null(strstr(o, "--tokens"));
     free(o);
-    assert_int_equal(run(&o, "%s logits --model x --tokens 1 --out y --bogus", bin()), 2);
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s logits --model x --tokens 1 --out y --bogus", tu_cairn_bin()), 2);
     assert_non_null(strstr(o, "unknown option"));
     free(o);
-    assert_int_equal(run(&o, "%s generate --model x --tokens 1,zz --max-tokens 2", bin()), 2);
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s generate --model x --tokens 1,zz --max-tokens 2", tu_cairn_bin()), 2);
     assert_non_null(strstr(o, "invalid token id"));
     free(o);
-    assert_int_equal(run(&o, "%s generate --model x --tokens 1 --max-tokens", bin()), 2);
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s generate --model x --tokens 1 --max-tokens", tu_cairn_bin()), 2);
     assert_non_null(strstr(o, "needs a value"));
     free(o);
-    assert_int_equal(run(&o, "%s generate --model x --tokens 1 --max-tokens abc", bin()), 2);
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s generate --model x --tokens 1 --max-tokens abc", tu_cairn_bin()), 2);
     free(o);
-    assert_int_equal(run(&o, "%s info --help", bin()), 0);
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s info --help", tu_cairn_bin()), 0);
     assert_non_null(strstr(o, "usage: cairn info"));
     free(o);
 }
@@ -80,7 +60,7 @@ static void test_usage_errors(void **st) {
 static void test_missing_model(void **st) {
     (void)st;
     char *o = NULL;
-    assert_int_equal(run(&o, "%s info --model %s/nope", bin(), g_tmp), 1);
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s info --model %s/nope", tu_cairn_bin(), g_tmp), 1);
     assert_non_null(strstr(o, "nope"));
     free(o);
 }
@@ -90,7 +70,7 @@ static void test_logits_match_golden(void **st) {
     char *ids = golden_ids("nh-mix-f32", "prompt");
     char *o = NULL, out[600], ref[600];
     snprintf(out, sizeof out, "%s/logits.f32", g_tmp);
-    assert_int_equal(run(&o, "%s logits --model %s/nh-mix-f32 --tokens %s --out %s", bin(), tu_data_dir(), ids, out), 0);
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s logits --model %s/nh-mix-f32 --tokens %s --out %s", tu_cairn_bin(), tu_data_dir(), ids, out), 0);
     free(o);
     snprintf(ref, sizeof ref, "%s/nh-mix-f32/logits.f32", tu_data_dir());
     size_t na = 0, nb = 0;
@@ -104,7 +84,7 @@ static void test_logits_match_golden(void **st) {
     FILE *f = fopen(list, "w");
     fprintf(f, "%s\n", ids);
     fclose(f);
-    assert_int_equal(run(&o, "%s logits --model %s/nh-mix-f32 --tokens @%s --out %s", bin(), tu_data_dir(), list, out), 0);
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s logits --model %s/nh-mix-f32 --tokens @%s --out %s", tu_cairn_bin(), tu_data_dir(), list, out), 0);
     free(o);
     char *c = tu_read_file(out, &na);
     assert_memory_equal(a, c, nb);
@@ -120,8 +100,8 @@ static void test_generate_json_greedy(void **st) {
     char *o = NULL;
     int n_greedy = 1;
     for (char *p = greedy; *p; p++) n_greedy += *p == ',';
-    assert_int_equal(run(&o, "%s generate --model %s/nh-group-bf16 --tokens %s --max-tokens %d --json 2>/dev/null",
-                         bin(), tu_data_dir(), ids, n_greedy), 0);
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s generate --model %s/nh-group-bf16 --tokens %s --max-tokens %d --json 2>/dev/null",
+                         tu_cairn_bin(), tu_data_dir(), ids, n_greedy), 0);
     cJSON *j = cJSON_Parse(o);
     assert_non_null(j);
     int n_prompt = 1;
@@ -139,10 +119,10 @@ static void test_generate_json_greedy(void **st) {
     free(o);
     /* sampling with a seed is reproducible */
     char *o1 = NULL, *o2 = NULL;
-    assert_int_equal(run(&o1, "%s generate --model %s/nh-group-bf16 --tokens %s --max-tokens 8 --temperature 0.9 --top-k 20 --seed 7 --json 2>/dev/null",
-                         bin(), tu_data_dir(), ids), 0);
-    assert_int_equal(run(&o2, "%s generate --model %s/nh-group-bf16 --tokens %s --max-tokens 8 --temperature 0.9 --top-k 20 --seed 7 --json 2>/dev/null",
-                         bin(), tu_data_dir(), ids), 0);
+    assert_int_equal(tu_sh(g_tmp, 1, &o1, "%s generate --model %s/nh-group-bf16 --tokens %s --max-tokens 8 --temperature 0.9 --top-k 20 --seed 7 --json 2>/dev/null",
+                         tu_cairn_bin(), tu_data_dir(), ids), 0);
+    assert_int_equal(tu_sh(g_tmp, 1, &o2, "%s generate --model %s/nh-group-bf16 --tokens %s --max-tokens 8 --temperature 0.9 --top-k 20 --seed 7 --json 2>/dev/null",
+                         tu_cairn_bin(), tu_data_dir(), ids), 0);
     cJSON *j1 = cJSON_Parse(o1), *j2 = cJSON_Parse(o2);
     char *t1 = cJSON_PrintUnformatted(cJSON_GetObjectItem(j1, "tokens"));
     char *t2 = cJSON_PrintUnformatted(cJSON_GetObjectItem(j2, "tokens"));
@@ -160,7 +140,7 @@ static void test_generate_json_greedy(void **st) {
 static void test_generate_rejects_out_of_vocab(void **st) {
     (void)st;
     char *o = NULL;
-    assert_int_equal(run(&o, "%s generate --model %s/nh-mix-f32 --tokens 1,999999 --max-tokens 2", bin(), tu_data_dir()), 1);
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s generate --model %s/nh-mix-f32 --tokens 1,999999 --max-tokens 2", tu_cairn_bin(), tu_data_dir()), 1);
     assert_non_null(strstr(o, "vocabulary"));
     free(o);
 }
@@ -168,7 +148,7 @@ static void test_generate_rejects_out_of_vocab(void **st) {
 static void test_info(void **st) {
     (void)st;
     char *o = NULL;
-    assert_int_equal(run(&o, "%s info --model %s/nh-mtp-bf16", bin(), tu_data_dir()), 0);
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s info --model %s/nh-mtp-bf16", tu_cairn_bin(), tu_data_dir()), 0);
     assert_non_null(strstr(o, "layers:"));
     assert_non_null(strstr(o, "parameters:"));
     assert_non_null(strstr(o, "BF16"));
@@ -180,23 +160,23 @@ static void test_info(void **st) {
 static void test_generate_prompt_text(void **st) {
     (void)st;
     char *o = NULL;
-    assert_int_equal(run(&o, "%s make-model --preset tiny --out %s/tiny", bin(), g_tmp), 0);
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s make-model --preset tiny --out %s/tiny", tu_cairn_bin(), g_tmp), 0);
     free(o);
-    assert_int_equal(run(&o, "%s tokenize --model %s/tiny --json 'Hello there, world'", bin(), g_tmp), 0);
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s tokenize --model %s/tiny --json 'Hello there, world'", tu_cairn_bin(), g_tmp), 0);
     cJSON *ids = cJSON_Parse(o);
     assert_non_null(ids);
     int n = cJSON_GetArraySize(ids);
     cJSON_Delete(ids);
     free(o);
-    assert_int_equal(run(&o, "%s generate --model %s/tiny --prompt 'Hello there, world' --max-tokens 6 --json 2>/dev/null",
-                         bin(), g_tmp), 0);
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s generate --model %s/tiny --prompt 'Hello there, world' --max-tokens 6 --json 2>/dev/null",
+                         tu_cairn_bin(), g_tmp), 0);
     cJSON *j = cJSON_Parse(o);
     assert_non_null(j);
     assert_int_equal(cJSON_GetObjectItem(j, "prompt_tokens")->valueint, n);
     assert_true(cJSON_IsString(cJSON_GetObjectItem(j, "text")));
     cJSON_Delete(j);
     free(o);
-    assert_int_equal(run(&o, "%s generate --model %s/tiny --prompt '' --max-tokens 2", bin(), g_tmp), 2);
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s generate --model %s/tiny --prompt '' --max-tokens 2", tu_cairn_bin(), g_tmp), 2);
     assert_non_null(strstr(o, "no tokens"));
     free(o);
 }
@@ -211,8 +191,8 @@ static void test_generate_speculate(void **st) {
     const char *modes[] = {"", "--speculate", "--no-speculate", "--speculate-depth 1", "--speculate-depth 4"};
     for (int k = 0; k < 5; k++) {
         char *o = NULL;
-        assert_int_equal(run(&o, "%s generate --model %s/nh-mtp-bf16 --tokens %s --max-tokens %d %s --json 2>/dev/null",
-                             bin(), tu_data_dir(), ids, n_greedy, modes[k]), 0);
+        assert_int_equal(tu_sh(g_tmp, 1, &o, "%s generate --model %s/nh-mtp-bf16 --tokens %s --max-tokens %d %s --json 2>/dev/null",
+                             tu_cairn_bin(), tu_data_dir(), ids, n_greedy, modes[k]), 0);
         cJSON *j = cJSON_Parse(o);
         assert_non_null(j);
         cJSON *toks = cJSON_GetObjectItem(j, "tokens");
@@ -229,15 +209,15 @@ static void test_generate_speculate(void **st) {
         free(o);
     }
     char *o = NULL;
-    assert_int_equal(run(&o, "%s generate --model x --tokens 1 --speculate --no-speculate", bin()), 2);
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s generate --model x --tokens 1 --speculate --no-speculate", tu_cairn_bin()), 2);
     free(o);
     /* a model without a head prints no draft fields */
-    assert_int_equal(run(&o, "%s generate --model %s/nh-mix-f32 --tokens 21,22 --max-tokens 3 --json 2>/dev/null",
-                         bin(), tu_data_dir()), 0);
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s generate --model %s/nh-mix-f32 --tokens 21,22 --max-tokens 3 --json 2>/dev/null",
+                         tu_cairn_bin(), tu_data_dir()), 0);
     assert_null(strstr(o, "draft_proposed"));
     free(o);
-    assert_int_equal(run(&o, "%s bench --speculate --model %s/nh-mtp-bf16 --tokens 24 --prompt 8 --reps 1 --json 2>/dev/null",
-                         bin(), tu_data_dir()), 0);
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s bench --speculate --model %s/nh-mtp-bf16 --tokens 24 --prompt 8 --reps 1 --json 2>/dev/null",
+                         tu_cairn_bin(), tu_data_dir()), 0);
     cJSON *j = cJSON_Parse(o);
     assert_non_null(j);
     assert_true(cJSON_IsNumber(cJSON_GetObjectItem(j, "draft_acceptance")));
@@ -247,14 +227,14 @@ static void test_generate_speculate(void **st) {
     assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(j, "prompts")), "random"); /* no tokenizer */
     cJSON_Delete(j);
     free(o);
-    assert_int_equal(run(&o, "%s bench speculate --model %s/nh-mix-f32", bin(), tu_data_dir()), 1);
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s bench speculate --model %s/nh-mix-f32", tu_cairn_bin(), tu_data_dir()), 1);
     assert_non_null(strstr(o, "no MTP head"));
     free(o);
     /* --chat: prompts from chat requests, rendered by the model's template (the trained model,
      * whose head drafts its own text almost always right at depth 1) */
-    assert_int_equal(run(&o, "%s bench --speculate --model %s/../../models/pebble --chat "
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s bench --speculate --model %s/../../models/pebble --chat "
                          "%s/../../tools/train/bench_chats.jsonl --depth 1 --reps 2 --json 2>/dev/null",
-                         bin(), tu_data_dir(), tu_data_dir()), 0);
+                         tu_cairn_bin(), tu_data_dir(), tu_data_dir()), 0);
     j = cJSON_Parse(o);
     assert_non_null(j);
     assert_non_null(cJSON_GetObjectItem(j, "chat"));
@@ -264,8 +244,8 @@ static void test_generate_speculate(void **st) {
     free(o);
     /* without --chat a model with a template gets the built-in chat requests, so the issue's plain
      * command measures the head on text of its kind; --random asks for random ids */
-    assert_int_equal(run(&o, "%s bench --speculate --model %s/../../models/pebble --depth 1 --reps 3 --tokens 64 "
-                         "--json 2>/dev/null", bin(), tu_data_dir()), 0);
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s bench --speculate --model %s/../../models/pebble --depth 1 --reps 3 --tokens 64 "
+                         "--json 2>/dev/null", tu_cairn_bin(), tu_data_dir()), 0);
     j = cJSON_Parse(o);
     assert_non_null(j);
     assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(j, "prompts")), "built-in");
@@ -275,14 +255,14 @@ static void test_generate_speculate(void **st) {
     assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "identical")));
     cJSON_Delete(j);
     free(o);
-    assert_int_equal(run(&o, "%s bench --speculate --model %s/../../models/pebble --random --depth 1 --reps 1 "
-                         "--tokens 16 --prompt 8 --json 2>/dev/null", bin(), tu_data_dir()), 0);
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s bench --speculate --model %s/../../models/pebble --random --depth 1 --reps 1 "
+                         "--tokens 16 --prompt 8 --json 2>/dev/null", tu_cairn_bin(), tu_data_dir()), 0);
     j = cJSON_Parse(o);
     assert_non_null(j);
     assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(j, "prompts")), "random");
     cJSON_Delete(j);
     free(o);
-    assert_int_equal(run(&o, "%s bench --speculate --model x --chat y --random", bin()), 2);
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s bench --speculate --model x --chat y --random", tu_cairn_bin()), 2);
     assert_non_null(strstr(o, "exclude"));
     free(o);
     char bad[600];
@@ -291,7 +271,7 @@ static void test_generate_speculate(void **st) {
     assert_non_null(f);
     fputs("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n\n{\"messages\": 3}\n", f);
     fclose(f);
-    assert_int_equal(run(&o, "%s bench --speculate --model %s/../../models/pebble --chat %s", bin(), tu_data_dir(), bad), 1);
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s bench --speculate --model %s/../../models/pebble --chat %s", tu_cairn_bin(), tu_data_dir(), bad), 1);
     assert_non_null(strstr(o, "bad_chats.jsonl:3"));
     free(o);
     free(ids);
@@ -318,13 +298,13 @@ static int teardown(void **st) {
 static void test_backend_flag(void **st) {
     (void)st;
     char *o = NULL;
-    assert_int_equal(run(&o, "%s info --model %s/nh-mix-f32 --backend tpu", bin(), tu_data_dir()), 1);
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s info --model %s/nh-mix-f32 --backend tpu", tu_cairn_bin(), tu_data_dir()), 1);
     assert_non_null(strstr(o, "unknown backend 'tpu'"));
     free(o);
-    assert_int_equal(run(&o, "%s info --model %s/nh-mix-f32 --backend cpu", bin(), tu_data_dir()), 0);
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s info --model %s/nh-mix-f32 --backend cpu", tu_cairn_bin(), tu_data_dir()), 0);
     assert_non_null(strstr(o, "backend:     cpu"));
     free(o);
-    int rc = run(&o, "%s info --model %s/nh-mix-f32 --backend cuda", bin(), tu_data_dir());
+    int rc = tu_sh(g_tmp, 1, &o, "%s info --model %s/nh-mix-f32 --backend cuda", tu_cairn_bin(), tu_data_dir());
     if (rc == 0) assert_non_null(strstr(o, "backend:     cuda"));
     else assert_true(rc == 1 && (strstr(o, "no CUDA backend") || strstr(o, "no CUDA device")));
     free(o);

@@ -13,11 +13,6 @@
 
 static char *g_tmp;
 
-static const char *bin(void) {
-    const char *b = getenv("CAIRN_BIN");
-    return b ? b : "build/cairn";
-}
-
 /* Writes n bytes to g_tmp/name; the path goes to path[cap]. */
 static void write_tmp(const char *name, const char *data, size_t n, char *path, size_t cap) {
     snprintf(path, cap, "%s/%s", g_tmp, name);
@@ -33,7 +28,7 @@ static int run_parse(const char *input, size_t n, const char *args, char **out, 
     write_tmp("in.txt", input, n, in, sizeof in);
     snprintf(op, sizeof op, "%s/out.txt", g_tmp);
     snprintf(ep, sizeof ep, "%s/err.txt", g_tmp);
-    snprintf(cmd, sizeof cmd, "%s parse %s <'%s' >'%s' 2>'%s'", bin(), args, in, op, ep);
+    snprintf(cmd, sizeof cmd, "%s parse %s <'%s' >'%s' 2>'%s'", tu_cairn_bin(), args, in, op, ep);
     int st = system(cmd);
     *out = tu_read_file(op, NULL);
     *err = tu_read_file(ep, NULL);

@@ -55,11 +55,6 @@ static int run(const char *in, char **out, char **err, const char *fmt, ...) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-static const char *bin(void) {
-    const char *b = getenv("CAIRN_BIN");
-    return b ? b : "build/cairn";
-}
-
 static void sleep_ms(int ms) {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
@@ -83,37 +78,37 @@ static int stats(const char *err, int *prompt, int *cached, int *gen, int max) {
 static void test_usage(void **st) {
     (void)st;
     char *e = NULL;
-    assert_int_equal(run(NULL, NULL, &e, "%s run --model %s --bogus", bin(), g_model), 2);
+    assert_int_equal(run(NULL, NULL, &e, "%s run --model %s --bogus", tu_cairn_bin(), g_model), 2);
     assert_non_null(strstr(e, "--bogus"));
     free(e);
-    assert_int_equal(run(NULL, NULL, &e, "%s run --model %s --max-tokens -5 hi", bin(), g_model), 2);
+    assert_int_equal(run(NULL, NULL, &e, "%s run --model %s --max-tokens -5 hi", tu_cairn_bin(), g_model), 2);
     free(e);
-    assert_int_equal(run(NULL, NULL, &e, "%s run --model %s one two", bin(), g_model), 2);
+    assert_int_equal(run(NULL, NULL, &e, "%s run --model %s one two", tu_cairn_bin(), g_model), 2);
     free(e);
     /* no --model, no CAIRN_MODEL, no models/pebble where it runs nor beside the binary (a copy
      * of it in a scratch folder): the message says what to pass */
     assert_int_equal(run(NULL, NULL, &e, "mkdir -p '%s/bin' && cp %s '%s/bin/cairn' && cd '%s' && "
-                         "env -u CAIRN_MODEL ./bin/cairn run hi", g_tmp, bin(), g_tmp, g_tmp), 2);
+                         "env -u CAIRN_MODEL ./bin/cairn run hi", g_tmp, tu_cairn_bin(), g_tmp, g_tmp), 2);
     assert_non_null(strstr(e, "--model"));
     assert_non_null(strstr(e, "CAIRN_MODEL"));
     assert_non_null(strstr(e, "models/pebble"));
     free(e);
     /* CAIRN_MODEL is used as given: a missing folder is an error naming it */
-    assert_int_equal(run(NULL, NULL, &e, "cd '%s' && CAIRN_MODEL='%s/absent' %s run hi", g_tmp, g_tmp, bin()), 1);
+    assert_int_equal(run(NULL, NULL, &e, "cd '%s' && CAIRN_MODEL='%s/absent' %s run hi", g_tmp, g_tmp, tu_cairn_bin()), 1);
     assert_non_null(strstr(e, "absent"));
     free(e);
     /* from another folder, the repository's binary finds models/pebble beside its build folder */
     char *o0 = NULL;
     assert_int_equal(run(NULL, &o0, &e, "cd '%s' && env -u CAIRN_MODEL %s run --json --max-tokens 2 hi",
-                         g_tmp, bin()), 0);
+                         g_tmp, tu_cairn_bin()), 0);
     assert_non_null(strstr(o0, "\"model\":\"pebble\""));
     free(o0);
     free(e);
-    assert_int_equal(run(NULL, NULL, &e, "%s run --model %s/none hi", bin(), g_tmp), 1);
+    assert_int_equal(run(NULL, NULL, &e, "%s run --model %s/none hi", tu_cairn_bin(), g_tmp), 1);
     assert_non_null(strstr(e, "none"));
     free(e);
     char *o = NULL;
-    assert_int_equal(run(NULL, &o, NULL, "%s run --help", bin()), 0);
+    assert_int_equal(run(NULL, &o, NULL, "%s run --help", tu_cairn_bin()), 0);
     assert_non_null(strstr(o, "PROMPT"));
     free(o);
 }
@@ -123,7 +118,7 @@ static void test_one_shot(void **st) {
     (void)st;
     char *o = NULL, *e = NULL;
     assert_int_equal(run(NULL, &o, &e, "%s run --model %s --max-tokens 24 'Why is the sky blue?'",
-                         bin(), g_model), 0);
+                         tu_cairn_bin(), g_model), 0);
     assert_true(strlen(o) > 1);
     assert_int_equal(o[strlen(o) - 1], '\n');
     assert_null(strstr(o, "\033[")); /* no terminal, no escapes */
@@ -133,7 +128,7 @@ static void test_one_shot(void **st) {
     free(e);
     /* without reasoning the answer is all content */
     assert_int_equal(run(NULL, &o, NULL, "%s run --model %s --no-think --max-tokens 24 hello",
-                         bin(), g_model), 0);
+                         tu_cairn_bin(), g_model), 0);
     assert_true(strlen(o) > 1);
     assert_null(strstr(o, "Thinking..."));
     free(o);
@@ -143,7 +138,7 @@ static void test_one_shot(void **st) {
 static void test_one_shot_json(void **st) {
     (void)st;
     char *o = NULL;
-    assert_int_equal(run(NULL, &o, NULL, "%s run --model %s --json --max-tokens 8 hello", bin(),
+    assert_int_equal(run(NULL, &o, NULL, "%s run --model %s --json --max-tokens 8 hello", tu_cairn_bin(),
                          g_model), 0);
     cJSON *j = cJSON_Parse(o);
     assert_non_null(j);
@@ -168,7 +163,7 @@ static void test_chat(void **st) {
     (void)st;
     char *o = NULL, *e = NULL;
     assert_int_equal(run("hello\nand a second question\n/bye\nnever read\n", &o, &e,
-                         "%s run --model %s --max-tokens 10 --verbose", bin(), g_model), 0);
+                         "%s run --model %s --max-tokens 10 --verbose", tu_cairn_bin(), g_model), 0);
     int prompt[4], cached[4], gen[4];
     assert_int_equal(stats(e, prompt, cached, gen, 4), 2);
     assert_int_equal(cached[0], 0);
@@ -187,7 +182,7 @@ static void test_clear(void **st) {
     (void)st;
     char *o = NULL, *e = NULL;
     assert_int_equal(run("hello\nmore\n/clear\nhello\n", &o, &e,
-                         "%s run --model %s --max-tokens 6 --verbose", bin(), g_model), 0);
+                         "%s run --model %s --max-tokens 6 --verbose", tu_cairn_bin(), g_model), 0);
     int prompt[4], cached[4], gen[4];
     assert_int_equal(stats(e, prompt, cached, gen, 4), 3);
     assert_true(prompt[1] > prompt[0]);
@@ -205,7 +200,7 @@ static void test_multiline_and_commands(void **st) {
     char *o = NULL, *e = NULL;
     const char *in = "first line \\\nsecond line\n\n\"\"\"\nblock one\n/bye inside a block\n\"\"\"\n"
                      "/no_think\n/what\n\"\"\"one-line block\"\"\"\n";
-    assert_int_equal(run(in, &o, &e, "%s run --model %s --max-tokens 4 --verbose", bin(), g_model), 0);
+    assert_int_equal(run(in, &o, &e, "%s run --model %s --max-tokens 4 --verbose", tu_cairn_bin(), g_model), 0);
     int prompt[4], cached[4], gen[4];
     assert_int_equal(stats(e, prompt, cached, gen, 4), 3);
     assert_non_null(strstr(o, "Reasoning off."));
@@ -214,7 +209,7 @@ static void test_multiline_and_commands(void **st) {
     free(e);
     /* --json: one object per answer on stdout, feedback on stderr */
     assert_int_equal(run("hi\n/clear\nhi again\n", &o, &e, "%s run --model %s --json --max-tokens 4",
-                         bin(), g_model), 0);
+                         tu_cairn_bin(), g_model), 0);
     int lines = 0;
     for (char *line = strtok(o, "\n"); line; line = strtok(NULL, "\n"), lines++) {
         cJSON *j = cJSON_Parse(line);
@@ -242,7 +237,7 @@ static void test_interrupt_at_prompt(void **st) {
         close(fds[0]);
         close(fds[1]);
         if (!freopen("/dev/null", "w", stdout) || !freopen(err, "w", stderr)) _exit(99);
-        execl(bin(), "cairn", "run", "--model", g_model, "--max-tokens", "4", "--verbose", (char *)NULL);
+        execl(tu_cairn_bin(), "cairn", "run", "--model", g_model, "--max-tokens", "4", "--verbose", (char *)NULL);
         _exit(98);
     }
     close(fds[0]);
@@ -296,7 +291,7 @@ static void test_line_editing_on_a_terminal(void **st) {
     if (pid == 0) {
         setenv("TERM", "xterm", 1);
         setenv("HOME", g_tmp, 1); /* the history file goes there */
-        execl(bin(), "cairn", "run", "--model", g_model, "--max-tokens", "4", (char *)NULL);
+        execl(tu_cairn_bin(), "cairn", "run", "--model", g_model, "--max-tokens", "4", (char *)NULL);
         _exit(98);
     }
     static char buf[1 << 16];
@@ -352,7 +347,7 @@ static void test_interrupt_answer(void **st) {
         close(fds[1]);
         if (!freopen("/dev/null", "w", stdout) || !freopen(err, "w", stderr)) _exit(99);
         setenv("CAIRN_LOG", "debug", 1); /* the cache logs its lookup as the prefill starts */
-        execl(bin(), "cairn", "run", "--model", g_model, "--max-tokens", "4", "--verbose", "--chunk", "1",
+        execl(tu_cairn_bin(), "cairn", "run", "--model", g_model, "--max-tokens", "4", "--verbose", "--chunk", "1",
               "--threads", "1", "--ctx", "16384", (char *)NULL);
         _exit(98);
     }
@@ -397,7 +392,7 @@ static int serve_once(int quiet, char **out, char **err) {
     if (pid == 0) {
         if (!freopen(po, "w", stdout) || !freopen(pe, "w", stderr)) _exit(99);
         unsetenv("CAIRN_LOG");
-        execl(bin(), "cairn", "serve", "--model", g_model, "--port", "0", "--threads", "1", "--json",
+        execl(tu_cairn_bin(), "cairn", "serve", "--model", g_model, "--port", "0", "--threads", "1", "--json",
               quiet ? "--quiet" : (char *)NULL, (char *)NULL);
         _exit(98);
     }
@@ -464,7 +459,7 @@ static int setup(void **st) {
     free(d);
     snprintf(g_model, sizeof g_model, "%s/tiny", g_tmp);
     char cmd[2000];
-    snprintf(cmd, sizeof cmd, "%s make-model --preset tiny --out %s >/dev/null", bin(), g_model);
+    snprintf(cmd, sizeof cmd, "%s make-model --preset tiny --out %s >/dev/null", tu_cairn_bin(), g_model);
     return system(cmd) == 0 ? 0 : -1;
 }
 

