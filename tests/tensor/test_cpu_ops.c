@@ -26,57 +26,14 @@
 #include "base/fp.h"
 #include "tensor/backend.h"
 #include "tensor/cpu/cpu_backend.h"
-
-#define SENTINEL 12345.0f
+#include "tensor/cpu_test_util.h"
 
 /* ---------------------------------------------------------------- helpers */
 
-typedef struct rng {
-    uint64_t s;
-} rng;
-
-static uint64_t rng_next(rng *r) { /* splitmix64 */
-    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static float rng_unif(rng *r, float lo, float hi) {
-    return lo + (hi - lo) * (float)((rng_next(r) >> 40) * (1.0 / 16777216.0));
-}
-
-static int rng_int(rng *r, int n) { return (int)(rng_next(r) % (uint64_t)n); }
-
-/* isa: 0 = the best the CPU has, 1 = forced scalar, 2 = capped at AVX2. */
-enum { ISA_BEST, ISA_SCALAR, ISA_AVX2, N_ISA };
-
 static cn_backend *backend(int n_threads, int isa) {
-    if (isa == ISA_SCALAR) setenv("CAIRN_CPU_SCALAR", "1", 1);
-    if (isa == ISA_AVX2) setenv("CAIRN_CPU_ISA", "avx2", 1);
-    cn_backend *b = cn_cpu_backend_create(n_threads);
-    unsetenv("CAIRN_CPU_SCALAR");
-    unsetenv("CAIRN_CPU_ISA");
-    assert_non_null(b);
+    cn_backend *b = cpu_backend_isa(n_threads, isa);
     assert_string_equal(cn_backend_name(b), "cpu");
     return b;
-}
-
-/* An F32 activation [T, C] viewed inside a buffer [T, C + pad] starting at column off. */
-typedef struct view {
-    cn_tensor t;
-    float *buf;
-    int64_t T, C, W, off;
-} view;
-
-static view view_make(int64_t T, int64_t C, int64_t pad) {
-    view v = {.T = T, .C = C, .W = C + pad, .off = pad > 0 ? 1 : 0};
-    v.buf = malloc((size_t)(T * v.W + 1) * sizeof(float));
-    assert_non_null(v.buf);
-    for (int64_t i = 0; i < T * v.W; i++) v.buf[i] = SENTINEL;
-    cn_tensor full = cn_tensor_2d(CN_F32, T, v.W, v.buf);
-    v.t = cn_tensor_cols(&full, v.off, C);
-    return v;
 }
 
 static view view_rand(rng *r, int64_t T, int64_t C, int64_t pad, float lo, float hi) {

@@ -25,54 +25,11 @@
 #include "base/fp.h"
 #include "tensor/backend.h"
 #include "tensor/cpu/cpu_backend.h"
+#include "tensor/cpu_test_util.h"
 
-#define SENTINEL 12345.0f
-
-typedef struct rng {
-    uint64_t s;
-} rng;
-
-static uint64_t rng_next(rng *r) { /* splitmix64 */
-    uint64_t z = (r->s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-
-static float rng_unif(rng *r, float lo, float hi) {
-    return lo + (hi - lo) * (float)((rng_next(r) >> 40) * (1.0 / 16777216.0));
-}
-
-enum { ISA_BEST, ISA_SCALAR, ISA_AVX2, N_ISA };
 static const char *k_isa_name[N_ISA] = {"best", "scalar", "avx2"};
 
-static cn_backend *backend(int n_threads, int isa) {
-    if (isa == ISA_SCALAR) setenv("CAIRN_CPU_SCALAR", "1", 1);
-    if (isa == ISA_AVX2) setenv("CAIRN_CPU_ISA", "avx2", 1);
-    cn_backend *b = cn_cpu_backend_create(n_threads);
-    unsetenv("CAIRN_CPU_SCALAR");
-    unsetenv("CAIRN_CPU_ISA");
-    assert_non_null(b);
-    return b;
-}
-
 /* ---------------------------------------------------------------- activations */
-
-typedef struct view {
-    cn_tensor t;
-    float *buf;
-    int64_t T, C, W, off;
-} view;
-
-static view view_make(int64_t T, int64_t C, int64_t pad) {
-    view v = {.T = T, .C = C, .W = C + pad, .off = pad > 0 ? 1 : 0};
-    v.buf = malloc((size_t)(T * v.W + 1) * sizeof(float));
-    assert_non_null(v.buf);
-    for (int64_t i = 0; i < T * v.W; i++) v.buf[i] = SENTINEL;
-    cn_tensor full = cn_tensor_2d(CN_F32, T, v.W, v.buf);
-    v.t = cn_tensor_cols(&full, v.off, C);
-    return v;
-}
 
 /* Values in [-1, 1], with every 7th row scaled by 30 and some exact zeros (blocks of all zeros
  * included), so per-block scales differ widely. */
@@ -281,7 +238,7 @@ static void test_matmul_every_isa_and_odd_shapes(void **state) {
                                            {2, 9, 288},  {6, 3, 320},  {1, 7, 1344}};
     rng r = {11};
     for (int isa = 0; isa < N_ISA; isa++) {
-        cn_backend *b = backend(2, isa);
+        cn_backend *b = cpu_backend_isa(2, isa);
         for (size_t s = 0; s < sizeof fp4_shapes / sizeof *fp4_shapes; s++)
             check_mm(b, isa, &r, CN_NVFP4, fp4_shapes[s][0], fp4_shapes[s][1], fp4_shapes[s][2]);
         for (size_t s = 0; s < sizeof mx_shapes / sizeof *mx_shapes; s++)
@@ -300,7 +257,7 @@ static void test_simd_matches_scalar_and_threads_agree(void **state) {
     (void)state;
     rng r = {12};
     cn_backend *bs[6];
-    for (int i = 0; i < 6; i++) bs[i] = backend(i % 2 ? 3 : 1, i / 2);
+    for (int i = 0; i < 6; i++) bs[i] = cpu_backend_isa(i % 2 ? 3 : 1, i / 2);
     const cn_dtype dts[2] = {CN_NVFP4, CN_MXFP8};
     for (int d = 0; d < 2; d++) {
         const int64_t T = 13, N = 45, K = 352;
@@ -405,7 +362,7 @@ static void check_gather(cn_backend *b, int isa, rng *r, const cn_dtype *dts, in
 static void test_matmul_gather(void **state) {
     (void)state;
     for (int isa = 0; isa < N_ISA; isa++) {
-        cn_backend *b = backend(2, isa);
+        cn_backend *b = cpu_backend_isa(2, isa);
         rng r = {13};
         const cn_dtype fp4[4] = {CN_NVFP4, CN_NVFP4, CN_NVFP4, CN_NVFP4};
         const cn_dtype mx[4] = {CN_MXFP8, CN_MXFP8, CN_MXFP8, CN_MXFP8};
@@ -426,7 +383,7 @@ static void test_get_rows(void **state) {
     (void)state;
     rng r = {14};
     for (int isa = 0; isa < N_ISA; isa++) {
-        cn_backend *b = backend(1, isa);
+        cn_backend *b = cpu_backend_isa(1, isa);
         const cn_dtype dts[2] = {CN_NVFP4, CN_MXFP8};
         for (int d = 0; d < 2; d++) {
             const int64_t V = 11, H = 96;
@@ -452,7 +409,7 @@ static void test_get_rows(void **state) {
 
 static void test_bad_block_scales_rejected(void **state) {
     (void)state;
-    cn_backend *b = backend(1, ISA_BEST);
+    cn_backend *b = cpu_backend_isa(1, ISA_BEST);
     rng r = {15};
     qweight w = qweight_rand(&r, CN_NVFP4, 4, 32, 1.0f);
     qweight_fix(&w);
@@ -489,7 +446,7 @@ static void test_nonfinite_activation_propagates(void **state) {
     (void)state;
     rng r = {16};
     for (int isa = 0; isa < N_ISA; isa++) {
-        cn_backend *b = backend(1, isa);
+        cn_backend *b = cpu_backend_isa(1, isa);
         qweight w = qweight_rand(&r, CN_NVFP4, 3, 64, 1.0f);
         qweight_fix(&w);
         memset(w.sbuf, 0x38, 3 * (64 / 16 + 2)); /* every block scale 1: no zero blocks */
