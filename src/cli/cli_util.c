@@ -10,51 +10,20 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/readfile.h"
 #include "tensor/backends.h"
-
-static char *read_file(const char *path, int *rc) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        *rc = errno == ENOENT ? CN_ENOENT : CN_EIO;
-        fprintf(stderr, "cairn: %s: %s\n", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 4096, len = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        size_t got = fread(buf + len, 1, cap - len - 1, f);
-        len += got;
-        if (got == 0) break;
-        if (cap - len - 1 == 0) {
-            char *p = realloc(buf, cap * 2);
-            if (!p) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = p;
-            cap *= 2;
-        }
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (!buf || bad) {
-        free(buf);
-        *rc = buf ? CN_EIO : CN_ENOMEM;
-        fprintf(stderr, "cairn: %s: cannot read\n", path);
-        return NULL;
-    }
-    buf[len] = '\0';
-    return buf;
-}
 
 int cn_cli_parse_tokens(const char *arg, int32_t **out, int *n) {
     int rc = CN_OK;
     char *text = NULL;
     const char *s = arg;
     if (arg[0] == '@') {
-        text = read_file(arg + 1, &rc);
-        if (!text) return rc;
+        cn_err err;
+        cn_err_clear(&err);
+        if ((rc = cn_read_file(arg + 1, &text, NULL, &err))) {
+            fprintf(stderr, "cairn: %s\n", err.msg);
+            return rc;
+        }
         s = text;
     }
     int cap = 64, len = 0;

@@ -13,7 +13,6 @@
 #include "model/config.h"
 
 #include <cjson/cJSON.h>
-#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -21,6 +20,7 @@
 #include <string.h>
 
 #include "base/log.h"
+#include "base/readfile.h"
 
 /* Where a field is being read from: the file name for messages and the JSON object. */
 typedef struct src {
@@ -444,48 +444,6 @@ static int parse_json(const char *json, const char *what, cJSON **out, cn_err *e
     return CN_OK;
 }
 
-/* Reads a whole file into a NUL-terminated malloc'd buffer; *text is NULL on error. */
-static int read_text(const char *path, char **text, cn_err *err) {
-    *text = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        int code = errno == ENOENT ? CN_ENOENT : CN_EIO;
-        return cn_err_set(err, code, "%s: %s", path, strerror(errno));
-    }
-    int rc = CN_OK;
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    if (!buf) {
-        rc = cn_err_set(err, CN_ENOMEM, "%s: out of memory", path);
-        goto done;
-    }
-    for (;;) {
-        if (n + 1 >= cap) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                rc = cn_err_set(err, CN_ENOMEM, "%s: out of memory", path);
-                goto done;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t k = fread(buf + n, 1, cap - n - 1, f);
-        n += k;
-        if (k == 0) break;
-    }
-    if (ferror(f)) {
-        rc = cn_err_set(err, CN_EIO, "%s: read error", path);
-        goto done;
-    }
-    buf[n] = '\0';
-    *text = buf;
-    buf = NULL;
-done:
-    free(buf);
-    fclose(f);
-    return rc;
-}
-
 /* ---------------------------------------------------------------------------------------------
  * Public
  * ------------------------------------------------------------------------------------------- */
@@ -616,7 +574,7 @@ int cn_config_load_dir(cn_config *c, const char *dir, cn_err *err) {
     char *path = malloc(n), *text = NULL;
     if (!path) return cn_err_set(err, CN_ENOMEM, "%s: out of memory", dir);
     snprintf(path, n, "%s/config.json", dir);
-    int rc = read_text(path, &text, err);
+    int rc = cn_read_file(path, &text, NULL, err);
     if (rc) goto fail;
     rc = cn_config_parse(c, text, path, err);
     free(text);
@@ -624,7 +582,7 @@ int cn_config_load_dir(cn_config *c, const char *dir, cn_err *err) {
     if (rc) goto fail;
 
     snprintf(path, n, "%s/generation_config.json", dir);
-    rc = read_text(path, &text, err);
+    rc = cn_read_file(path, &text, NULL, err);
     if (rc == CN_ENOENT) { /* optional */
         cn_err_clear(err);
         rc = CN_OK;

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/readfile.h"
+
 const char *cn_qalgo_name(cn_qalgo a) {
     switch (a) {
     case CN_QALGO_FP8: return "FP8";
@@ -133,30 +135,15 @@ int cn_qconfig_parse(cn_qconfig *q, const char *json, const char *what, cn_err *
     return rc;
 }
 
-static char *read_text(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    if (b) b[n] = '\0';
-    return b;
-}
-
 int cn_qconfig_load_dir(cn_qconfig *q, const char *dir, cn_err *err) {
     memset(q, 0, sizeof *q);
     static const char *const files[2] = {"hf_quant_config.json", "config.json"};
     for (int i = 0; i < 2; i++) {
         char path[1024];
         snprintf(path, sizeof path, "%s/%s", dir, files[i]);
-        char *text = read_text(path);
-        if (!text) continue;
+        char *text = NULL;
+        cn_err ignored; /* a missing or unreadable candidate is just not the map */
+        if (cn_read_file(path, &text, NULL, &ignored)) continue;
         int rc = cn_qconfig_parse(q, text, files[i], err);
         free(text);
         if (rc || q->present) return rc;

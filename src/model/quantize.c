@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 
 #include "base/fp.h"
+#include "base/readfile.h"
 #include "base/log.h"
 #include "model/config.h"
 #include "model/safetensors.h"
@@ -205,25 +206,6 @@ static int qfill(void *vctx, int index, const char *name, uint64_t offset, void 
 
 /* ---------------------------------------------------------------- files */
 
-static char *read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) {
-        free(b);
-        b = NULL;
-    }
-    fclose(f);
-    if (b) {
-        b[n] = '\0';
-        *len = (size_t)n;
-    }
-    return b;
-}
-
 static int ends_with(const char *s, const char *suf) {
     size_t a = strlen(s), b = strlen(suf);
     return a >= b && !strcmp(s + a - b, suf);
@@ -246,11 +228,8 @@ static int copy_side_files(const char *in, const char *out, cn_err *err) {
         struct stat sb;
         if (stat(src, &sb) || !S_ISREG(sb.st_mode)) continue;
         size_t len = 0;
-        char *data = read_all(src, &len);
-        if (!data) {
-            rc = cn_err_set(err, CN_EIO, "%s: cannot read", src);
-            break;
-        }
+        char *data = NULL;
+        if ((rc = cn_read_file(src, &data, &len, err))) break;
         rc = cn_write_file_atomic(dst, data, len, err);
         free(data);
     }
@@ -295,16 +274,15 @@ static int write_configs(const char *in, const char *out, cn_qalgo algo, char *c
                          int n_excl, cn_err *err) {
     char path[2048];
     snprintf(path, sizeof path, "%s/config.json", in);
-    size_t len;
-    char *text = read_all(path, &len);
-    if (!text) return cn_err_set(err, CN_ENOENT, "%s: cannot read", path);
+    char *text = NULL;
+    int rc = cn_read_file(path, &text, NULL, err);
+    if (rc) return rc;
     cJSON *cfg = cJSON_Parse(text);
     free(text);
     if (!cfg) return cn_err_set(err, CN_EFORMAT, "%s: not valid JSON", path);
     cJSON *qc = quant_object(algo, excl, n_excl);
     if (qc) cJSON_AddStringToObject(qc, "quant_method", "modelopt");
     cJSON_DeleteItemFromObjectCaseSensitive(cfg, "quantization_config");
-    int rc;
     if (!qc || !cJSON_AddItemToObject(cfg, "quantization_config", qc)) {
         cJSON_Delete(qc);
         rc = cn_err_set(err, CN_ENOMEM, "out of memory");
