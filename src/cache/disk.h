@@ -42,7 +42,9 @@
  *     H             P        payload: each present slot's bytes, in layer order (P = sum of bytes)
  *     H+P           8        xxh64 (seed 0) of bytes [0, H+P)
  *
- * The life of one layer snapshot across tiers (cn_snap.tier; transitions in prefix_cache.c):
+ * The life of one layer snapshot across the host tiers (cn_snap.tier; transitions in
+ * prefix_cache.c; snapshot.h adds the DEVICE tier in front of RAM, whose bytes reach a file the
+ * same way as LIVE rows do, copied out when the node is written):
  *
  *     forward writes KV rows          capture / close take recurrent state
  *              |                                  |

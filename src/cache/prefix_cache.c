@@ -45,12 +45,20 @@ static int live_reaches(const cn_prefix_cache *pc, int lc, int t) {
 }
 
 static uint64_t ram_size(const cn_snap *s) { return s && s->tier == CN_SNAP_RAM ? s->bytes : 0; }
+static uint64_t dev_size(const cn_snap *s) { return s && s->tier == CN_SNAP_DEVICE ? s->bytes : 0; }
+
+/* Where new copies of state go: the device tier when it has a budget (a full device gives RAM). */
+static cn_snap_tier new_tier(const cn_prefix_cache *pc) {
+    return pc->o.dev_budget ? CN_SNAP_DEVICE : CN_SNAP_RAM;
+}
 
 static void slot_set(cn_prefix_cache *pc, cn_node *n, int l, cn_snap *s) {
     pc->ram_bytes -= ram_size(n->slots[l]);
+    pc->dev_bytes -= dev_size(n->slots[l]);
     cn_snap_free(n->slots[l]);
     n->slots[l] = s;
     pc->ram_bytes += ram_size(s);
+    pc->dev_bytes += dev_size(s);
 }
 
 static void node_clear(cn_prefix_cache *pc, cn_node *n) {
@@ -62,9 +70,23 @@ static int materialize(cn_prefix_cache *pc, cn_node *n, int l) {
     if (!s || s->tier != CN_SNAP_LIVE) return CN_OK;
     int ll;
     cn_state *st = lst(pc, l, &ll);
-    int rc = cn_snap_materialize(s, st, ll);
-    if (!rc) pc->ram_bytes += s->bytes;
+    int rc = cn_snap_materialize(s, st, ll, new_tier(pc));
+    if (!rc) {
+        pc->ram_bytes += ram_size(s);
+        pc->dev_bytes += dev_size(s);
+    }
     return rc;
+}
+
+/* DEVICE -> RAM for slot l of n: queued on the copy stream, nothing waits (snapshot.h). */
+static int slot_to_host(cn_prefix_cache *pc, cn_node *n, int l) {
+    cn_snap *s = n->slots[l];
+    if (!s || s->tier != CN_SNAP_DEVICE) return CN_OK;
+    int rc = cn_snap_to_host(s);
+    if (rc) return rc;
+    pc->dev_bytes -= s->bytes;
+    pc->ram_bytes += s->bytes;
+    return CN_OK;
 }
 
 static int has_all_states(const cn_prefix_cache *pc, const cn_node *n) {
@@ -248,6 +270,8 @@ int cn_pc_init(cn_prefix_cache *pc, cn_state *live, const cn_pc_opts *o) {
     if (!o) pc->o.pre_end = 4;
     if (pc->o.ram_budget == 0) pc->o.ram_budget = (uint64_t)4 << 30;
     if (pc->o.evict_steps <= 0) pc->o.evict_steps = 8;
+    if (pc->o.dev_budget == 0 && cn_backend_has_device_memory(cn_model_backend(live->model)))
+        pc->o.dev_budget = (uint64_t)1 << 30;
     int n = live->n_layers;
     pc->kind = calloc((size_t)(n ? n : 1), sizeof *pc->kind);
     pc->cap_live_keys = live->max_ctx;
@@ -331,6 +355,7 @@ int cn_pc_reset(cn_prefix_cache *pc) {
     int L = pc->trie.n_layers;
     cn_trie_free(&pc->trie);
     pc->ram_bytes = 0;
+    pc->dev_bytes = 0;
     pc->pinned = NULL;
     int rc = cn_trie_init(&pc->trie, L);
     pc->frontier = pc->trie.root;
@@ -390,6 +415,9 @@ static int merge_child(cn_prefix_cache *pc, cn_node *node) {
         if (a->tier != b->tier || a->tier != CN_SNAP_LIVE) {
             rc = materialize(pc, node, l);
             if (!rc) rc = materialize(pc, c, l);
+            /* one on the device, one in RAM (a full device): both in RAM */
+            if (!rc && a->tier != b->tier) rc = slot_to_host(pc, node, l);
+            if (!rc && a->tier != b->tier) rc = slot_to_host(pc, c, l);
         }
         int ll;
         cn_state *st = lst(pc, l, &ll);
@@ -639,9 +667,9 @@ int cn_pc_absorbed(cn_prefix_cache *pc, cn_pc_session *sess, int from, int to, c
         }
         for (int l = 0, j = 0, w = 0; !rc && l < pc->trie.n_layers; l++) {
             if (pc->kind[l] == CN_LAYER_RECURRENT)
-                rc = cn_snap_state_from_capture(pc->live, &caps[c], j++, &cap.slots[l]);
+                rc = cn_snap_state_from_capture(pc->live, &caps[c], j++, new_tier(pc), &cap.slots[l]);
             else if (pc->kind[l] == CN_LAYER_WINDOW)
-                rc = cn_snap_window_from_capture(pc->live, &caps[c], w++, &cap.slots[l]);
+                rc = cn_snap_window_from_capture(pc->live, &caps[c], w++, new_tier(pc), &cap.slots[l]);
         }
         if (!rc && sess->n_caps == sess->cap_caps) {
             int cap2 = sess->cap_caps ? 2 * sess->cap_caps : 8;
@@ -787,8 +815,8 @@ int cn_pc_close(cn_prefix_cache *pc, cn_pc_session *sess) {
         for (int l = 0; f && !stale && l < pc->trie.n_layers; l++) {
             if (!whole(pc->kind[l]) || f->slots[l]) continue;
             cn_snap *s;
-            int r = pc->kind[l] == CN_LAYER_RECURRENT ? cn_snap_state_take(pc->live, l, &s)
-                                                       : cn_snap_window_take(pc->live, l, &s);
+            int r = pc->kind[l] == CN_LAYER_RECURRENT ? cn_snap_state_take(pc->live, l, new_tier(pc), &s)
+                                                       : cn_snap_window_take(pc->live, l, new_tier(pc), &s);
             if (r) rc = r;
             else slot_set(pc, f, l, s);
         }
@@ -834,12 +862,19 @@ static uint64_t node_bytes(const cn_prefix_cache *pc, const cn_node *n) {
     return b;
 }
 
+static uint64_t node_dev_bytes(const cn_prefix_cache *pc, const cn_node *n) {
+    uint64_t b = 0;
+    for (int l = 0; l < pc->trie.n_layers; l++) b += dev_size(n->slots[l]);
+    return b;
+}
+
 /* What a pick looks for. */
 typedef enum pick_kind {
     PICK_DROP_RAM,  /* a node to drop for RAM: any node without a disk tier, else one holding RAM */
     PICK_DROP_DISK, /* a node to drop for disk: one with a file */
     PICK_PAGE_OUT,  /* a node whose RAM can go to disk: any holding RAM, the active path and
                      * branch points included (nothing leaves the trie) */
+    PICK_TO_HOST,   /* a node whose device bytes can go to RAM: any holding some (likewise) */
 } pick_kind;
 
 typedef struct pick_ctx {
@@ -858,7 +893,9 @@ static int better(const cn_prefix_cache *pc, const cn_node *a, const cn_node *b)
 
 static int pick(cn_node *n, void *ctx) {
     pick_ctx *c = ctx;
-    if (c->kind == PICK_PAGE_OUT) {
+    if (c->kind == PICK_TO_HOST) {
+        if (!node_dev_bytes(c->pc, n)) return 0;
+    } else if (c->kind == PICK_PAGE_OUT) {
         if (!node_bytes(c->pc, n)) return 0;
     } else {
         if (n->n_child > 1 || on_active_path(c->pc, n)) return 0;
@@ -905,6 +942,17 @@ static int drop_node(cn_prefix_cache *pc, cn_node *n) {
  * With ram_too 0 only the disk budget counts. The work of a round is bounded by one node: a walk
  * to pick it, a copy of its bytes to the writer or a merge with its child. */
 static int evict_round(cn_prefix_cache *pc, int ram_too) {
+    /* the device tier first: its bytes go to RAM (copies queued, no wait), and RAM pays for them
+     * in later rounds */
+    cn_node *d = ram_too && pc->dev_bytes > pc->o.dev_budget ? pick_in(pc, PICK_TO_HOST) : NULL;
+    if (d) {
+        int moved = 0;
+        for (int l = 0; l < pc->trie.n_layers; l++) moved |= slot_to_host(pc, d, l) == CN_OK;
+        if (moved) {
+            pc->n_to_host++;
+            return 1;
+        }
+    }
     int ram = ram_too && pc->ram_bytes > pc->o.ram_budget;
     int disk = pc->disk && pc->disk_bytes > pc->disk_budget;
     cn_node *n = ram && pc->disk ? pick_in(pc, PICK_PAGE_OUT) : NULL;
@@ -933,7 +981,8 @@ int cn_pc_evict_step(cn_prefix_cache *pc, int max_nodes) {
 }
 
 int cn_pc_over_budget(const cn_prefix_cache *pc) {
-    return pc->ram_bytes > pc->o.ram_budget || (pc->disk && pc->disk_bytes > pc->disk_budget);
+    return pc->ram_bytes > pc->o.ram_budget || pc->dev_bytes > pc->o.dev_budget ||
+           (pc->disk && pc->disk_bytes > pc->disk_budget);
 }
 
 /* ---- attaching the disk tier: the trie rebuilt from files --------------------------------------- */
@@ -1148,7 +1197,7 @@ int cn_pc_flush(cn_prefix_cache *pc) { return pc->disk ? cn_disk_flush(pc->disk)
 
 typedef struct sum_ctx {
     const cn_prefix_cache *pc;
-    uint64_t bytes, disk;
+    uint64_t bytes, disk, dev;
     int ok;
 } sum_ctx;
 
@@ -1156,6 +1205,7 @@ static int sum_node(cn_node *n, void *ctx) {
     sum_ctx *c = ctx;
     const cn_prefix_cache *pc = c->pc;
     c->bytes += node_bytes(pc, n);
+    c->dev += node_dev_bytes(pc, n);
     if (n->disk_id) {
         c->disk += slot_bytes(pc, n);
         if (!pc->disk) c->ok = 0;
@@ -1164,6 +1214,8 @@ static int sum_node(cn_node *n, void *ctx) {
         const cn_snap *s = n->slots[l];
         if (!s) continue;
         if (s->tier == CN_SNAP_DISK && (!n->disk_id || s->ram)) c->ok = 0; /* invariant 5 */
+        if ((s->tier == CN_SNAP_DEVICE) != (s->dev != NULL) || (s->tier == CN_SNAP_RAM) != (s->ram != NULL))
+            c->ok = 0; /* snapshot.h invariant 4 */
         if (pc->kind[l] == CN_LAYER_KV && (s->from != cn_node_start(n) || s->to != n->end)) c->ok = 0;
         if (whole(pc->kind[l]) && (s->from != n->end || s->to != n->end)) c->ok = 0;
         if (pc->kind[l] == CN_LAYER_WINDOW && (s->kind != CN_SNAP_WINDOW || s->tier == CN_SNAP_LIVE)) c->ok = 0;
@@ -1187,20 +1239,26 @@ static int sum_node(cn_node *n, void *ctx) {
 }
 
 uint64_t cn_pc_ram_bytes_walk(const cn_prefix_cache *pc) {
-    sum_ctx c = {pc, 0, 0, 1};
+    sum_ctx c = {pc, 0, 0, 0, 1};
     cn_trie_walk(&pc->trie, sum_node, &c);
     return c.bytes;
 }
 
+uint64_t cn_pc_dev_bytes_walk(const cn_prefix_cache *pc) {
+    sum_ctx c = {pc, 0, 0, 0, 1};
+    cn_trie_walk(&pc->trie, sum_node, &c);
+    return c.dev;
+}
+
 uint64_t cn_pc_disk_bytes_walk(const cn_prefix_cache *pc) {
-    sum_ctx c = {pc, 0, 0, 1};
+    sum_ctx c = {pc, 0, 0, 0, 1};
     cn_trie_walk(&pc->trie, sum_node, &c);
     return c.disk;
 }
 
 int cn_pc_check(const cn_prefix_cache *pc) {
     if (!cn_trie_check(&pc->trie)) return 0;
-    sum_ctx c = {pc, 0, 0, 1};
+    sum_ctx c = {pc, 0, 0, 0, 1};
     cn_trie_walk(&pc->trie, sum_node, &c);
-    return c.ok && c.bytes == pc->ram_bytes && c.disk == pc->disk_bytes;
+    return c.ok && c.bytes == pc->ram_bytes && c.disk == pc->disk_bytes && c.dev == pc->dev_bytes;
 }

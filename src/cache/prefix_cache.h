@@ -29,7 +29,8 @@
  *  (1) Attention snapshots span exactly their node's edge; whole-state ones (recurrent, windows)
  *      sit only at node ends.
  *  (2) Every LIVE snapshot lies within the live keys: its rows are the live buffer's rows.
- *  (3) ram_bytes equals the sum of the sizes of RAM-tier snapshots.
+ *  (3) ram_bytes equals the sum of the sizes of RAM-tier snapshots, dev_bytes that of DEVICE-tier
+ *      ones.
  *  (4) Eviction never removes the active path (the frontier's ancestors, and during a request
  *      the pinned node's) nor a node with several children.
  *  (5) With a disk tier: a node with a file (disk_id != 0) has one written or queued that holds
@@ -38,8 +39,8 @@
  *  (6) A node's slots never change while it has a file: split, merge, a new capture or a healed
  *      gap first page the node in and retire its file; it is written again at the next close.
  *
- * Tiers (disk.h draws a snapshot's life). LIVE slots cost nothing; RAM slots count against
- * ram_budget; with a disk tier attached (cn_pc_attach_disk) every node is also written to disk at
+ * Tiers (snapshot.h draws a snapshot's life). LIVE slots cost nothing; DEVICE slots count against
+ * dev_budget, RAM slots against ram_budget; with a disk tier attached (cn_pc_attach_disk) every node is also written to disk at
  * the close that creates or changes it, cancelled requests included (the request only copies its
  * bytes to the writer), so the disk holds every restore point and RAM the recently used ones.
  * Eviction runs in bounded steps (cn_pc_evict_step): a few nodes at close, the rest between
@@ -51,6 +52,22 @@
  * of RAM-only eviction. begin pages in the DISK nodes a restore needs; a file that fails
  * verification is reported, moved aside, and its restore point treated as absent, so the restore
  * lands at a shallower point. A restart rebuilds the trie from the files.
+ *
+ * The device tier. With a dev_budget (by default on a backend with device memory, see
+ * cn_pc_opts) every copy of state the cache takes goes to device memory first: a forward's
+ * captures, a close's whole states, KV rows materialized before they are overwritten. Those are
+ * device-to-device copies queued behind the forward, so neither the host nor the host link is in
+ * the way of the next forward. Over dev_budget, the least recently used nodes' device bytes move
+ * to (pinned) RAM, one node per round of the same bounded steps: the copies are queued on the
+ * backend's copy stream and nothing waits for them; a RAM snapshot whose copy is still in flight
+ * is waited for only by what reads or frees its bytes (its file write, a page-out, a restore, a
+ * split or merge). From RAM the usual policy pages to disk. A restore reads DEVICE slots with a
+ * device copy and RAM slots (paged in from disk first when needed) with an upload on the copy
+ * stream that the next forward waits for on the device, not the host. On a backend without
+ * device memory (the CPU) the tier is off unless dev_budget asks for it; its "device" buffers are
+ * then host memory and only the accounting differs from RAM (tests run the policy there).
+ * Device and RAM fill with the same eviction order (least recently used, then deepest, then
+ * largest), so DEVICE holds the most recently used restore points, RAM the next, disk the rest.
  */
 #ifndef CN_PREFIX_CACHE_H
 #define CN_PREFIX_CACHE_H
@@ -69,6 +86,8 @@ typedef struct cn_pc_opts {
     uint64_t ram_budget;  /* bytes of RAM-tier snapshots kept (0: 4 GiB) */
     int evict_steps;      /* nodes paged out or evicted at most per close (0: 8); the rest is
                            * left to cn_pc_evict_step between forwards or when idle */
+    uint64_t dev_budget;  /* bytes of DEVICE-tier snapshots kept (0: 1 GiB on a backend with
+                           * device memory; none on one without) */
 } cn_pc_opts;
 
 typedef enum cn_layer_kind {
@@ -93,6 +112,7 @@ typedef struct cn_prefix_cache {
     cn_key *live_keys;       /* [live->offset] keys of what the live caches hold */
     int cap_live_keys;
     uint64_t ram_bytes;      /* RAM-tier snapshot bytes (invariant 3) */
+    uint64_t dev_bytes;      /* DEVICE-tier snapshot bytes (invariant 3) */
     cn_node *frontier;       /* where the live caches rested at the last close (root at start) */
     cn_node *pinned;         /* during a request: the deepest node of its match, protected from
                               * eviction with its ancestors as the frontier is; NULL otherwise */
@@ -102,6 +122,7 @@ typedef struct cn_prefix_cache {
     /* counters for logs, benchmarks and tests */
     uint64_t n_evicted, n_restored_nodes;
     uint64_t n_paged_out, n_paged_in; /* RAM -> DISK and DISK -> RAM moves of a node */
+    uint64_t n_to_host;      /* DEVICE -> RAM moves of a node */
     uint64_t n_disk_loaded;  /* nodes rebuilt from files at attach */
     uint64_t n_disk_skipped; /* files skipped at attach (each warned about) */
     uint64_t n_disk_failed;  /* page-ins that failed verification (each warned about) */
@@ -187,7 +208,8 @@ void cn_pc_session_free(cn_pc_session *sess);
 /* Forgets every restore point (deleting their files) and empties the live caches (offset 0). */
 int cn_pc_reset(cn_prefix_cache *pc);
 
-/* Pages out (with a disk tier) or evicts until RAM fits its budget, and evicts until the disk
+/* Moves device bytes to RAM until the device tier fits, pages out (with a disk tier) or evicts
+ * until RAM fits its budget, and evicts until the disk
  * fits its own, all at once (attach, tests). Returns the number of nodes evicted (page-outs are
  * not evictions). */
 int cn_pc_evict(cn_prefix_cache *pc);
@@ -201,6 +223,8 @@ int cn_pc_over_budget(const cn_prefix_cache *pc);
 
 /* Sum of RAM-tier snapshot bytes, recomputed by walking the trie (tests compare it to ram_bytes). */
 uint64_t cn_pc_ram_bytes_walk(const cn_prefix_cache *pc);
+/* Sum of DEVICE-tier snapshot bytes, walked (tests compare it to dev_bytes). */
+uint64_t cn_pc_dev_bytes_walk(const cn_prefix_cache *pc);
 /* Sum of the snapshot bytes of nodes that have a file (tests compare it to disk_bytes). */
 uint64_t cn_pc_disk_bytes_walk(const cn_prefix_cache *pc);
 /* 1 when the invariants hold. */

@@ -2,6 +2,8 @@
 #include "tensor/backend_impl.h"
 
 #include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "base/error.h"
 
@@ -89,6 +91,44 @@ int cn_backend_measure(cn_backend *b, int what, cn_backend_limits *out) {
     *out = zero;
     if (!b->iface->measure) return CN_EUNSUPPORTED;
     return b->iface->measure(b, what, out);
+}
+
+/* ---- snapshot buffers and the copy stream ---- */
+
+int cn_backend_has_device_memory(const cn_backend *b) { return b->iface->buf_alloc != NULL; }
+
+int cn_backend_buf_alloc(cn_backend *b, int kind, uint64_t n, void **out) {
+    if (kind != CN_BUF_DEVICE && kind != CN_BUF_HOST) return CN_EINVAL;
+    if (b->iface->buf_alloc) return b->iface->buf_alloc(b, kind, n, out);
+    void *p = malloc(n ? (size_t)n : 1);
+    if (!p) return CN_ENOMEM;
+    *out = p;
+    return CN_OK;
+}
+
+void cn_backend_buf_free(cn_backend *b, int kind, void *p) {
+    if (!p) return;
+    if (b->iface->buf_free) b->iface->buf_free(b, kind, p);
+    else free(p);
+}
+
+int cn_backend_copy_async(cn_backend *b, void *dst, const void *src, uint64_t n, int dir,
+                          uint64_t *fence) {
+    *fence = 0;
+    if (dir != CN_COPY_D2H && dir != CN_COPY_H2D) return CN_EINVAL;
+    if (b->iface->copy_async) return b->iface->copy_async(b, dst, src, n, dir, fence);
+    if (n) memmove(dst, src, (size_t)n);
+    return CN_OK;
+}
+
+int cn_backend_fence_done(cn_backend *b, uint64_t fence) {
+    if (!fence || !b->iface->fence_done) return 1;
+    return b->iface->fence_done(b, fence);
+}
+
+int cn_backend_fence_wait(cn_backend *b, uint64_t fence, int host) {
+    if (!fence || !b->iface->fence_wait) return CN_OK;
+    return b->iface->fence_wait(b, fence, host);
 }
 
 int cn_op_matmul(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor *x) {

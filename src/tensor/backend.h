@@ -68,6 +68,39 @@ int cn_backend_sync(cn_backend *b);
 /* 1 if matmul/matmul_gather/get_rows accept weights of this dtype. */
 int cn_backend_supports_weight(const cn_backend *b, cn_dtype dtype);
 
+/* ---- snapshot buffers and the copy stream ----
+ * The prefix cache keeps layer snapshots in buffers of their own, not tensors: device buffers
+ * (its DEVICE tier) and host buffers (its RAM tier; pinned where the backend has them, so that
+ * copies to and from the device run at the link's speed without the host waiting). Copies
+ * between a host buffer and device memory run on a copy stream beside the ops:
+ *  (a) cn_backend_copy_async queues n bytes after every op queued so far (it sees their results;
+ *      a copy into device memory also waits for the ops that read it before) and returns a fence;
+ *      cn_backend_fence_wait makes the host (host = 1) or the ops queued after it (host = 0) wait
+ *      for that copy. Fences grow: a done fence means every lower one is done; fence 0 is done.
+ *  (b) A host buffer a queued copy reads or writes is not read, written or freed by the host
+ *      before its fence is done (the caller keeps the fence).
+ *  (c) cn_backend_buf_free of a device buffer takes effect after every op and copy queued so far,
+ *      so a buffer may be freed right after queueing the copy that drains it.
+ * A backend computing in host memory (the CPU) leaves the members out: both kinds of buffer are
+ * malloc'd, a copy is a memcpy done when it returns (fence 0), and cn_backend_has_device_memory
+ * is 0. All of these are refused inside a step (CN_EBUSY), except fence_done. */
+enum { CN_BUF_DEVICE = 0, CN_BUF_HOST = 1 }; /* buffer kinds */
+enum { CN_COPY_D2H = 0, CN_COPY_H2D = 1 };   /* copy directions */
+/* 1 if the backend computes in memory apart from the host's (device buffers are not host memory). */
+int cn_backend_has_device_memory(const cn_backend *b);
+/* A buffer of n bytes (n may be 0) of `kind`. 0, CN_ENOMEM (nothing allocated) or CN_EBUSY. */
+int cn_backend_buf_alloc(cn_backend *b, int kind, uint64_t n, void **out);
+/* Frees what buf_alloc gave (NULL is ignored); device buffers as (c) says. */
+void cn_backend_buf_free(cn_backend *b, int kind, void *p);
+/* Queues dst <- src, n bytes, on the copy stream: dir CN_COPY_D2H (src device memory: a device
+ * buffer or a contiguous tensor's bytes) or CN_COPY_H2D (dst device memory). *fence as (a). */
+int cn_backend_copy_async(cn_backend *b, void *dst, const void *src, uint64_t n, int dir,
+                          uint64_t *fence);
+/* 1 once the copy of `fence` (and every earlier one) is done; never waits. */
+int cn_backend_fence_done(cn_backend *b, uint64_t fence);
+/* Waits for `fence`: the host (host = 1), or only the ops queued after this call (host = 0). */
+int cn_backend_fence_wait(cn_backend *b, uint64_t fence, int host);
+
 /* ---- steps ---- */
 /* A step brackets the ops of one small forward the caller repeats with the same shapes (a decode
  * token): cn_backend_step_begin, the ops, cn_backend_step_end, then the downloads. Inside a step

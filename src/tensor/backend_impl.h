@@ -57,6 +57,14 @@ typedef struct cn_backend_iface {
                             const cn_tensor *ring_k, const cn_tensor *ring_v, int n_past,
                             int window, int n_heads, int n_kv_heads,
                             float scale); /* (optional) default: CN_EUNSUPPORTED */
+    /* Snapshot buffers and the copy stream (backend.h). All (optional), and given together or
+     * not at all; the defaults are those of a backend computing in host memory. */
+    int (*buf_alloc)(cn_backend *b, int kind, uint64_t n, void **out); /* default: malloc */
+    void (*buf_free)(cn_backend *b, int kind, void *p);                 /* default: free */
+    int (*copy_async)(cn_backend *b, void *dst, const void *src, uint64_t n, int dir,
+                      uint64_t *fence);               /* default: memcpy, fence 0 */
+    int (*fence_done)(cn_backend *b, uint64_t fence); /* default: 1 */
+    int (*fence_wait)(cn_backend *b, uint64_t fence, int host); /* default: CN_OK */
 } cn_backend_iface;
 
 struct cn_backend {

@@ -91,6 +91,7 @@ static void cu_free(cn_backend *b) {
     }
     c->in_step = 0;
     if (c->stream) cudaStreamSynchronize(c->stream);
+    cu_copy_free(c); /* after the ops: a queued free of a snapshot buffer may wait on them */
     free_retired(c);
     free(c->retired);
     for (int i = 0; i < CU_GRAPH_SLOTS; i++)
@@ -379,6 +380,11 @@ static const cn_backend_iface cu_iface = {
     /* .scale = */ cu_scale,
     /* .attention_window = */ NULL, /* not here yet: models with sliding-window layers are refused
                                      * at load (cn_model_open) */
+    /* .buf_alloc = */ cu_buf_alloc,
+    /* .buf_free = */ cu_buf_free,
+    /* .copy_async = */ cu_copy_async,
+    /* .fence_done = */ cu_fence_done,
+    /* .fence_wait = */ cu_fence_wait,
 };
 
 extern "C" cn_backend *cn_cuda_backend_create(int device, cn_err *err) {

@@ -88,6 +88,7 @@ typedef struct cu_ctx {
     void **retired;   /* device buffers to free once the step ran */
     int n_retired, cap_retired;
     cn_cuda_stats stats;
+    struct cu_copy *copy; /* the copy stream and its fences (cuda_copy.cu); made at first use */
 } cu_ctx;
 
 /* The context, with the backend's device made current for the calling thread (cheap when it
@@ -232,6 +233,13 @@ int cu_relu2(cn_backend *b, cn_tensor *y, const cn_tensor *x);
 int cu_scale(cn_backend *b, cn_tensor *y, const cn_tensor *x, float s);
 /* The measure hook (cuda_probe.cu). */
 int cu_measure(cn_backend *b, int what, cn_backend_limits *out);
+/* Snapshot buffers and the copy stream (cuda_copy.cu; backend.h), and their teardown at free. */
+int cu_buf_alloc(cn_backend *b, int kind, uint64_t n, void **out);
+void cu_buf_free(cn_backend *b, int kind, void *p);
+int cu_copy_async(cn_backend *b, void *dst, const void *src, uint64_t n, int dir, uint64_t *fence);
+int cu_fence_done(cn_backend *b, uint64_t fence);
+int cu_fence_wait(cn_backend *b, uint64_t fence, int host);
+void cu_copy_free(cu_ctx *c);
 /* dst = src converted, 2D with row strides: F32 <-> BF16/F16 (cuda_elementwise.cu). */
 int cu_convert(cn_backend *b, cn_tensor *dst, const cn_tensor *src);
 
