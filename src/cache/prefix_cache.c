@@ -270,8 +270,6 @@ int cn_pc_init(cn_prefix_cache *pc, cn_state *live, const cn_pc_opts *o) {
     if (!o) pc->o.pre_end = 4;
     if (pc->o.ram_budget == 0) pc->o.ram_budget = (uint64_t)4 << 30;
     if (pc->o.evict_steps <= 0) pc->o.evict_steps = 8;
-    if (pc->o.dev_budget == 0 && cn_backend_has_device_memory(cn_model_backend(live->model)))
-        pc->o.dev_budget = (uint64_t)1 << 30;
     int n = live->n_layers;
     pc->kind = calloc((size_t)(n ? n : 1), sizeof *pc->kind);
     pc->cap_live_keys = live->max_ctx;

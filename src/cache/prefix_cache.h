@@ -53,8 +53,8 @@
  * verification is reported, moved aside, and its restore point treated as absent, so the restore
  * lands at a shallower point. A restart rebuilds the trie from the files.
  *
- * The device tier. With a dev_budget (by default on a backend with device memory, see
- * cn_pc_opts) every copy of state the cache takes goes to device memory first: a forward's
+ * The device tier. With a dev_budget (cairn's commands give CN_PC_DEV_BUDGET on a backend with
+ * device memory unless told otherwise) every copy of state the cache takes goes to device memory first: a forward's
  * captures, a close's whole states, KV rows materialized before they are overwritten. Those are
  * device-to-device copies queued behind the forward, so neither the host nor the host link is in
  * the way of the next forward. Over dev_budget, the least recently used nodes' device bytes move
@@ -80,14 +80,17 @@
 #include "model/model.h"
 #include "model/state.h"
 
+/* The device tier's budget the commands use on a GPU when not told otherwise. */
+#define CN_PC_DEV_BUDGET ((uint64_t)1 << 30)
+
 typedef struct cn_pc_opts {
     int spacing;          /* a restore point every `spacing` tokens of prefill (0: 1024) */
     int pre_end;          /* and one this many tokens before the prompt's end (default 4; -1 none) */
     uint64_t ram_budget;  /* bytes of RAM-tier snapshots kept (0: 4 GiB) */
     int evict_steps;      /* nodes paged out or evicted at most per close (0: 8); the rest is
                            * left to cn_pc_evict_step between forwards or when idle */
-    uint64_t dev_budget;  /* bytes of DEVICE-tier snapshots kept (0: 1 GiB on a backend with
-                           * device memory; none on one without) */
+    uint64_t dev_budget;  /* bytes of DEVICE-tier snapshots kept (0: no device tier; the
+                           * commands default to CN_PC_DEV_BUDGET on a GPU) */
 } cn_pc_opts;
 
 typedef enum cn_layer_kind {

@@ -66,6 +66,7 @@
 
 #include <cjson/cJSON.h>
 
+#include "cache/snapshot.h"
 #include "cli/bench_probe.h"
 #include "cli/cli.h"
 #include "cli/cli_util.h"
@@ -334,6 +335,120 @@ static int measure(bench *B, run *r, const char *name, int is_decode, int ctx, i
     return 0;
 }
 
+/* ---- snapshot paging: the prefix cache's device tier ---------------------------------------- */
+
+typedef struct paging {
+    int offset;              /* tokens in the state the snapshots hold */
+    uint64_t bytes;          /* one round's snapshots: every stateful layer at `offset` */
+    double out_gbs, in_gbs;  /* best round: device buffers -> pinned host; pinned host -> live */
+    double decode_tok_s;     /* decodes from `offset`, alone */
+    double decode_paging_tok_s; /* the same decodes with a page-out of every snapshot in flight */
+} paging;
+
+/* Every stateful layer of the bench state, as the cache takes it: recurrent states and KV rows
+ * [0, offset) copied into device buffers (queued with the ops). n_out: snapshots made. */
+static int snaps_take(bench *B, cn_snap **sn, int *n_out) {
+    const cn_state *s = B->s;
+    int n = 0, rc = CN_OK;
+    for (int l = 0; !rc && l < s->n_layers; l++) {
+        cn_snap *p = NULL;
+        if (s->layers[l].type == CN_BLOCK_MAMBA) {
+            rc = cn_snap_state_take(s, l, CN_SNAP_DEVICE, &p);
+        } else if (s->layers[l].type == CN_BLOCK_ATTN) {
+            if (!(p = cn_snap_kv_lazy(s, l, 0, s->offset))) rc = CN_ENOMEM;
+            else rc = cn_snap_materialize(p, s, l, CN_SNAP_DEVICE);
+        } else {
+            continue;
+        }
+        if (!rc && p->tier != CN_SNAP_DEVICE) rc = CN_ENOMEM; /* the device had no room */
+        if (p) sn[n++] = p;
+    }
+    *n_out = n;
+    if (!rc) rc = cn_backend_sync(B->be);
+    return rc;
+}
+
+static void snaps_free(cn_snap **sn, int n) {
+    for (int i = 0; i < n; i++) cn_snap_free(sn[i]);
+}
+
+static int snaps_to_host(cn_snap **sn, int n) {
+    int rc = CN_OK;
+    for (int i = 0; !rc && i < n; i++) rc = cn_snap_to_host(sn[i]);
+    return rc;
+}
+
+static int snaps_wait(bench *B, cn_snap **sn, int n) {
+    int rc = CN_OK;
+    for (int i = 0; !rc && i < n; i++) rc = cn_backend_fence_wait(B->be, sn[i]->fence, 1);
+    return rc;
+}
+
+/* Restores the state to `offset` from the snapshots (either tier), waiting until it is there. */
+static int snaps_restore(bench *B, cn_snap **sn, int n, int offset) {
+    cn_state *s = B->s;
+    int rc = CN_OK;
+    for (int l = 0, i = 0; !rc && l < s->n_layers && i < n; l++) {
+        if (s->layers[l].type == CN_BLOCK_MAMBA) rc = cn_snap_state_restore(sn[i++], s, l);
+        else if (s->layers[l].type == CN_BLOCK_ATTN) rc = cn_snap_kv_restore(sn[i++], s, l, 0, offset);
+    }
+    if (!rc) rc = cn_backend_sync(B->be);
+    if (!rc) s->offset = offset;
+    return rc;
+}
+
+/* Pages every stateful layer's snapshot of a `prompt`-token state out to pinned host memory and
+ * back into the live state, best of three rounds (the first also pins its host buffers); then
+ * times `gen` decodes alone and with such a page-out queued on the copy stream behind them. */
+static int measure_paging(bench *B, int prompt, int gen, paging *pg) {
+    memset(pg, 0, sizeof *pg);
+    cn_snap **sn = calloc((size_t)B->s->n_layers + 1, sizeof *sn);
+    if (!sn) return CN_ENOMEM;
+    int n = 0, rc = cn_state_reset(B->s);
+    if (!rc) rc = prefill(B, prompt);
+    int o = B->s->offset;
+    pg->offset = o;
+    if (gen > B->s->max_ctx - o) gen = B->s->max_ctx - o; /* the decodes stay inside the state */
+    for (int round = 0; !rc && round < 3; round++) {
+        if ((rc = snaps_take(B, sn, &n))) break;
+        pg->bytes = 0;
+        for (int i = 0; i < n; i++) pg->bytes += sn[i]->bytes;
+        double t0 = now_s();
+        rc = snaps_to_host(sn, n);
+        if (!rc) rc = snaps_wait(B, sn, n);
+        double t1 = now_s();
+        if (!rc) rc = snaps_restore(B, sn, n, o);
+        double t2 = now_s();
+        if (!rc && t1 > t0 && pg->bytes / (t1 - t0) / 1e9 > pg->out_gbs) pg->out_gbs = pg->bytes / (t1 - t0) / 1e9;
+        if (!rc && t2 > t1 && pg->bytes / (t2 - t1) / 1e9 > pg->in_gbs) pg->in_gbs = pg->bytes / (t2 - t1) / 1e9;
+        snaps_free(sn, n);
+        n = 0;
+    }
+    if (!rc) rc = snaps_take(B, sn, &n);
+    if (!rc) {
+        double t0 = now_s();
+        rc = decode(B, gen);
+        double t1 = now_s();
+        if (!rc) pg->decode_tok_s = t1 > t0 ? gen / (t1 - t0) : 0;
+    }
+    if (!rc) rc = snaps_restore(B, sn, n, o); /* from the device copies */
+    if (!rc) {
+        double t0 = now_s();
+        rc = snaps_to_host(sn, n); /* queued: the decodes run while it copies */
+        if (!rc) rc = decode(B, gen);
+        if (!rc) rc = snaps_wait(B, sn, n);
+        double t1 = now_s();
+        if (!rc) pg->decode_paging_tok_s = t1 > t0 ? gen / (t1 - t0) : 0;
+    }
+    snaps_free(sn, n);
+    free(sn);
+    if (!rc)
+        fprintf(stderr, "cairn: snapshots of %d tokens, %.1f MiB: page-out %.2f GB/s, page-in %.2f GB/s; "
+                        "decode %.2f tok/s, %.2f with a page-out in flight\n",
+                o, pg->bytes / 1048576.0, pg->out_gbs, pg->in_gbs, pg->decode_tok_s, pg->decode_paging_tok_s);
+    return rc;
+}
+
 /* VmHWM in bytes, 0 if unreadable. */
 static uint64_t vm_hwm(void) {
     FILE *f = fopen("/proc/self/status", "r");
@@ -542,6 +657,13 @@ int cn_bench_model(int argc, char **argv) {
             goto done;
         }
     }
+    /* a device backend: the prefix cache's snapshots paged between device and host */
+    paging pg;
+    memset(&pg, 0, sizeof pg);
+    if (B.device && (rc = measure_paging(&B, prompt, gen, &pg))) {
+        fprintf(stderr, "cairn: snapshot paging: %s\n", cn_strerror(rc));
+        goto done;
+    }
 
     /* 6. figures */
     double kv = (double)tr.kv_per_ctx;
@@ -603,6 +725,14 @@ int cn_bench_model(int argc, char **argv) {
         cJSON_AddNumberToObject(out, "device_to_host_gbs", lim.d2h_gbs);
         cJSON_AddNumberToObject(out, "decode_eager_tok_s", reager.tok_s);
         cJSON_AddNumberToObject(out, "decode_graph_speedup", reager.tok_s > 0 ? rdec.tok_s / reager.tok_s : 0);
+        cJSON_AddNumberToObject(out, "snapshot_page_out_gbs", pg.out_gbs);
+        cJSON_AddNumberToObject(out, "snapshot_page_in_gbs", pg.in_gbs);
+        cJSON_AddNumberToObject(out, "snapshot_page_out_link_ratio", lim.d2h_gbs > 0 ? pg.out_gbs / lim.d2h_gbs : 0);
+        cJSON_AddNumberToObject(out, "snapshot_page_in_link_ratio", lim.h2d_gbs > 0 ? pg.in_gbs / lim.h2d_gbs : 0);
+        cJSON_AddNumberToObject(out, "snapshot_bytes", (double)pg.bytes);
+        cJSON_AddNumberToObject(out, "snapshot_tokens", pg.offset);
+        cJSON_AddNumberToObject(out, "decode_during_page_out_tok_s", pg.decode_paging_tok_s);
+        cJSON_AddNumberToObject(out, "decode_beside_page_out_tok_s", pg.decode_tok_s);
     }
     cJSON *runs = cJSON_AddObjectToObject(out, "runs");
     const run *all[] = {&r512, &r2k, &rdec, &rdec8k};
@@ -679,6 +809,12 @@ int cn_bench_model(int argc, char **argv) {
             printf("%-12s %6d tokens at context %5d: %9.2f tok/s  (steps launched op by op; graphs %.2fx)\n",
                    reager.name, reager.tokens, reager.ctx0, reager.tok_s,
                    reager.tok_s > 0 ? rdec.tok_s / reager.tok_s : 0);
+        if (B.device)
+            printf("snapshots    %.1f MiB at %d tokens: page-out %.2f GB/s (%.2f of the link), page-in %.2f GB/s "
+                   "(%.2f); decode %.2f tok/s with a page-out in flight, %.2f without\n",
+                   pg.bytes / 1048576.0, pg.offset, pg.out_gbs, lim.d2h_gbs > 0 ? pg.out_gbs / lim.d2h_gbs : 0,
+                   pg.in_gbs, lim.h2d_gbs > 0 ? pg.in_gbs / lim.h2d_gbs : 0, pg.decode_paging_tok_s,
+                   pg.decode_tok_s);
         printf("decode       %.0f bytes/token (weights %.0f + state %.0f + KV %.0f/ctx token): roofline ratio %.3f\n",
                bpt, (double)tr.weights, (double)tr.state_fixed, kv, roof);
         printf("decode 8k    %.0f bytes/token: roofline ratio %.3f, %.3f of decode at the start\n", bpt8k, roof8k,

@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "base/readfile.h"
+#include "cache/prefix_cache.h"
 #include "tensor/backends.h"
 
 int cn_cli_parse_tokens(const char *arg, int32_t **out, int *n) {
@@ -213,4 +214,9 @@ int cn_cli_default_model(char *buf, size_t n) {
     fprintf(stderr, "cairn: no model: pass --model DIR or set CAIRN_MODEL (the default, "
                     CN_CLI_DEFAULT_MODEL ", is neither here nor beside the cairn binary)\n");
     return CN_ENOENT;
+}
+
+uint64_t cn_cli_dev_budget(uint64_t flag, const cn_backend *b) {
+    if (flag != CN_CLI_UNSET) return flag;
+    return cn_backend_has_device_memory(b) ? CN_PC_DEV_BUDGET : 0;
 }

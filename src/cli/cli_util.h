@@ -49,6 +49,12 @@ int cn_cli_open_model_progress(const char *dir, const char *backend, int threads
                                cn_cli_progress *p, cn_backend **b, cn_model **m);
 void cn_cli_close_model(cn_backend *b, cn_model *m);
 
+/* --cache-gpu: the device tier's budget for the prefix cache. `flag` is what the user gave, or
+ * CN_CLI_UNSET: then CN_PC_DEV_BUDGET on a backend with device memory, none on the CPU. */
+#define CN_CLI_UNSET UINT64_MAX
+#define CN_CLI_CACHE_GPU_HELP "device memory for restore points (default 1G on a GPU, none on the CPU)"
+uint64_t cn_cli_dev_budget(uint64_t flag, const cn_backend *b);
+
 /* The model `run` and `serve` open when --model is not given, into buf[0..n):
  *   1. $CAIRN_MODEL, when set and non-empty (used as it is, even if missing: the open names it);
  *   2. models/pebble under the current directory, when it holds a config.json;

@@ -97,6 +97,7 @@ int cn_cmd_generate(int argc, char **argv) {
     const char *model = NULL, *tokens_arg = NULL, *prompt = NULL, *backend = NULL;
     int max_tokens = 32, threads = 0, json = 0, ubatch = 0, spec_on = 0, spec_off = 0;
     cn_engine_opts eo = {.cache = {.pre_end = 4}};
+    uint64_t cache_gpu = CN_CLI_UNSET;
     cn_request rq = {0};
     cn_sampler_params_default(&rq.sampling);
     rq.sampling.temperature = 0.0f; /* a command-line run is reproducible unless asked otherwise */
@@ -117,6 +118,7 @@ int cn_cmd_generate(int argc, char **argv) {
         {"chunk", CN_FLAG_INT, &eo.chunk, "N", "prompt tokens per forward (default 512)", 0, 0},
         {"cache-spacing", CN_FLAG_INT, &eo.cache.spacing, "N", "a restore point every N prompt tokens (default 1024)", 0, 0},
         {"cache-ram", CN_FLAG_SIZE, &eo.cache.ram_budget, "SIZE", "host RAM for restore points (default 4G)", 0, 0},
+        {"cache-gpu", CN_FLAG_SIZE, &cache_gpu, "SIZE", CN_CLI_CACHE_GPU_HELP, 0, 0},
         {"cache-dir", CN_FLAG_STR, &eo.cache_dir, "DIR", "keep restore points on disk in DIR: a later run resumes from them", 0, 0},
         {"cache-disk", CN_FLAG_SIZE, &eo.disk_budget, "SIZE", "disk for restore points under --cache-dir (default 16G)", 0, 0},
         {"backend", CN_FLAG_STR, &backend, "NAME", "cpu, cuda or cuda:N (default: $CAIRN_BACKEND or cpu)", 0, 0},
@@ -203,6 +205,7 @@ int cn_cmd_generate(int argc, char **argv) {
     cn_tok_stream ts;
     int ts_ok = 0;
     stream_ctx sc = {json, 0, NULL, NULL, 0, 0};
+    eo.cache.dev_budget = cn_cli_dev_budget(cache_gpu, b);
     if ((rc = cn_engine_open(&e, m, &eo, &err))) {
         fprintf(stderr, "cairn: %s\n", err.msg);
         goto done;

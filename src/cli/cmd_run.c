@@ -564,6 +564,7 @@ int cn_cmd_run(int argc, char **argv) {
     run_opts o = {.think = 1, .max_tokens = -1};
     cn_sampler_params_default(&o.sampling);
     cn_engine_opts eo = {.cache = {.pre_end = 4}};
+    uint64_t cache_gpu = CN_CLI_UNSET;
     cn_flag flags[] = {
         {"model", CN_FLAG_STR, &model, "DIR", "model directory (default: $CAIRN_MODEL, else " CN_CLI_DEFAULT_MODEL ")", 0, 0},
         {"system", CN_FLAG_STR, &o.system, "TEXT", "system message", 0, 0},
@@ -580,6 +581,7 @@ int cn_cmd_run(int argc, char **argv) {
         {"ctx", CN_FLAG_INT, &eo.ctx, "N", "context length in tokens: the whole conversation (default 4096)", 0, 0},
         {"chunk", CN_FLAG_INT, &eo.chunk, "N", "prompt tokens per forward (default 512)", 0, 0},
         {"cache-ram", CN_FLAG_SIZE, &eo.cache.ram_budget, "SIZE", "host RAM for restore points (default 4G)", 0, 0},
+        {"cache-gpu", CN_FLAG_SIZE, &cache_gpu, "SIZE", CN_CLI_CACHE_GPU_HELP, 0, 0},
         {"cache-dir", CN_FLAG_STR, &eo.cache_dir, "DIR", "keep restore points on disk in DIR", 0, 0},
         {"cache-disk", CN_FLAG_SIZE, &eo.disk_budget, "SIZE", "disk for restore points under --cache-dir (default 16G)", 0, 0},
         {"threads", CN_FLAG_INT, &threads, "N", "CPU threads (default: all cores)", 0, 0},
@@ -632,6 +634,7 @@ int cn_cmd_run(int argc, char **argv) {
         fprintf(stderr, "cairn: %s\n", err.msg);
         goto done;
     }
+    eo.cache.dev_budget = cn_cli_dev_budget(cache_gpu, b);
     cn_cli_progress_stage(&prog, "state for %d tokens", eo.ctx);
     if ((rc = cn_engine_open(&e, m, &eo, &err))) {
         cn_cli_progress_clear(&prog);

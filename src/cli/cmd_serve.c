@@ -81,6 +81,7 @@ int cn_cmd_serve(int argc, char **argv) {
     float finish_cancelled = 120, keepalive = 5;
     uint64_t max_body = 32u << 20;
     cn_engine_opts eo = {.cache = {.pre_end = 4}};
+    uint64_t cache_gpu = CN_CLI_UNSET;
     cn_flag flags[] = {
         {"model", CN_FLAG_STR, &model, "DIR", "model directory (default: $CAIRN_MODEL, else " CN_CLI_DEFAULT_MODEL ")", 0, 0},
         {"name", CN_FLAG_STR, &name, "NAME", "served model name (default: the directory's basename)", 0, 0},
@@ -88,6 +89,7 @@ int cn_cmd_serve(int argc, char **argv) {
         {"port", CN_FLAG_INT, &port, "N", "listen port (default 11435; 0 picks a free one)", 0, 0},
         {"ctx", CN_FLAG_INT, &eo.ctx, "N", "context length in tokens (default 4096)", 0, 0},
         {"cache-ram", CN_FLAG_SIZE, &eo.cache.ram_budget, "SIZE", "host RAM for restore points (default 4G)", 0, 0},
+        {"cache-gpu", CN_FLAG_SIZE, &cache_gpu, "SIZE", CN_CLI_CACHE_GPU_HELP, 0, 0},
         {"cache-dir", CN_FLAG_STR, &cache_dir, "DIR", "disk tier for restore points (survives restarts)", 0, 0},
         {"cache-disk", CN_FLAG_SIZE, &eo.disk_budget, "SIZE", "disk for restore points (default 16G)", 0, 0},
         {"api-key", CN_FLAG_STR, &api_key, "KEY", "require Authorization: Bearer KEY", 0, 0},
@@ -175,6 +177,7 @@ int cn_cmd_serve(int argc, char **argv) {
     }
     if (cache_dir) cn_cli_progress_stage(&prog, "state for %d tokens, restore points in %s", eo.ctx, cache_dir);
     else cn_cli_progress_stage(&prog, "state for %d tokens", eo.ctx);
+    eo.cache.dev_budget = cn_cli_dev_budget(cache_gpu, b);
     if ((rc = cn_engine_open(&e, m, &eo, &err))) {
         cn_cli_progress_clear(&prog);
         fprintf(stderr, "cairn: %s\n", err.msg);
