@@ -1,6 +1,7 @@
 #!/bin/sh
 # gpu_check.sh - issue 8's checks on a machine with an NVIDIA GPU, in one go (device time is scarce):
-# build-cuda, the GPU tests with graphs and without, compute-sanitizer memcheck on the per-op test,
+# build-cuda, the GPU tests with graphs and without, compute-sanitizer memcheck on the per-op test
+# and on the snapshot paging test (copy stream, fences),
 # then `cairn bench --backend cuda` on a nano-shape slice for each weight format given.
 # Usage: sh tools/gpu_check.sh OUTDIR [bf16 nvfp4 ...]   (logs and bench JSON land in OUTDIR)
 out=${1:?usage: gpu_check.sh OUTDIR [weights...]}
@@ -23,4 +24,7 @@ done
 if command -v compute-sanitizer >/dev/null; then
     (cd build-cuda && compute-sanitizer --tool memcheck ./tensor_test_cuda_ops) >"$out/memcheck.log" 2>&1
     echo "memcheck: rc=$?"; tail -4 "$out/memcheck.log"
+    CAIRN_BACKEND=cuda CAIRN_TMP=build-cuda/tmp CAIRN_DATA=tests/data compute-sanitizer --tool memcheck \
+        build-cuda/cache_test_snapshot_paging >"$out/memcheck_paging.log" 2>&1
+    echo "memcheck paging: rc=$?"; tail -4 "$out/memcheck_paging.log"
 fi
