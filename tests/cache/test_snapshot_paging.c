@@ -116,6 +116,9 @@ static void test_snapshot_moves(void **st) {
     assert_int_equal(cn_snap_kv_concat(h, t, s, la, &j), CN_EINVAL);
     assert_int_equal(cn_snap_to_host(t), 0);
     assert_int_equal(cn_snap_kv_concat(h, t, s, la, &j), 0); /* reads bytes still in flight */
+    assert_int_equal(cn_backend_fence_wait(b, t->fence, 1), 0);
+    assert_true(cn_backend_fence_done(b, t->fence));
+    assert_true(cn_backend_fence_done(b, h->fence)); /* an earlier fence */
     assert_int_equal(j->tier, CN_SNAP_RAM);
     got = bytes_of(j, s, la);
     assert_memory_equal(got, want_kv, kv->bytes);
@@ -310,11 +313,35 @@ static void test_device_ram_without_disk(void **st) {
     env_close(&v);
 }
 
+/* A device tier with room for everything: restore points live on the device alone (no RAM is
+ * used, however small its budget) and restore from there, on a branch and on a retry. */
+static void test_device_only(void **st) {
+    (void)st;
+    env v;
+    env_open(&v, NULL, 64 << 20, 1);
+    cn_prefix_cache *pc = &v.e->pc;
+    int32_t p[2][50];
+    for (int i = 0; i < 50; i++) p[0][i] = p[1][i] = rnd_token(v.V);
+    p[1][30] = p[0][30] + 1; /* a branch at 30 */
+    turn(&v, p[0], 50, 0);
+    drain(&v);
+    assert_true(pc->dev_bytes > 0);
+    assert_true(pc->ram_bytes == 0);
+    turn(&v, p[1], 50, 24); /* the restore point at spacing 8 below the branch: from the device */
+    turn(&v, p[0], 50, 48);
+    drain(&v);
+    assert_true(pc->ram_bytes == 0);
+    assert_int_equal(pc->n_to_host, 0);
+    assert_int_equal(pc->n_evicted, 0);
+    env_close(&v);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_snapshot_moves),
         cmocka_unit_test(test_device_ram_disk_and_back),
         cmocka_unit_test(test_device_ram_without_disk),
+        cmocka_unit_test(test_device_only),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
