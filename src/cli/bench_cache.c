@@ -249,6 +249,7 @@ typedef struct pat_result {
     int max_over;           /* worst request's evaluated - new */
     int failed;             /* requests over their bound */
     uint64_t ram_bytes;     /* RAM-tier snapshot bytes when the pattern ends */
+    uint64_t dev_bytes;     /* DEVICE-tier ones (a GPU backend) */
     int nodes;              /* trie nodes then */
     int restore_points;     /* of which hold recurrent state (a prefill can resume there) */
     int64_t disk_bytes;     /* bytes in the cache directory (-1: no disk tier) */
@@ -328,7 +329,8 @@ static void cost_add(cost *a, cost b) {
 
 static int bench_engine_open(bench *b, cn_model *m, cn_engine **out, int cold) {
     cn_engine_opts eo = {.ctx = b->ctx, .chunk = b->o.chunk,
-                         .cache = {.spacing = b->o.spacing, .pre_end = 4}};
+                         .cache = {.spacing = b->o.spacing, .pre_end = 4,
+                                   .dev_budget = cn_cli_dev_budget(CN_CLI_UNSET, cn_model_backend(m))}};
     if (cold) {
         /* A cold server: no restore points scheduled, nothing kept between requests. */
         eo.no_cache = 1;
@@ -460,6 +462,7 @@ static void cache_figures(const cn_engine *e, pat_result *p) {
     trie_count c = {&e->pc, 0, 0};
     cn_trie_walk(&e->pc.trie, count_node, &c);
     p->ram_bytes = e->pc.ram_bytes;
+    p->dev_bytes = e->pc.dev_bytes;
     p->nodes = c.nodes;
     p->restore_points = c.points;
 }
@@ -772,7 +775,8 @@ static int pat_restart(bench *b, tokgen *g) {
         /* one server life: open the model and an engine on the cache directory, serve one turn */
         if ((rc = cn_cli_open_model(b->model_dir, NULL, b->o.threads, 0, &be, &m))) break;
         cn_engine_opts eo = {.ctx = b->ctx, .chunk = b->o.chunk,
-                             .cache = {.spacing = b->o.spacing, .pre_end = 4},
+                             .cache = {.spacing = b->o.spacing, .pre_end = 4,
+                                       .dev_budget = cn_cli_dev_budget(CN_CLI_UNSET, be)},
                              .cache_dir = dir, .disk_budget = 0};
         cn_err err;
         cn_err_clear(&err);
@@ -904,11 +908,14 @@ static void print_text(const bench *b, const pat_result *r, int n) {
         fmt_bytes(ram, sizeof ram, (int64_t)p->ram_bytes);
         fmt_bytes(disk, sizeof disk, p->disk_bytes);
         if (p->disk_bytes >= 0) snprintf(disk_part, sizeof disk_part, ", %s disk", disk);
+        char dev[32], dev_part[48] = "";
+        fmt_bytes(dev, sizeof dev, (int64_t)p->dev_bytes);
+        if (p->dev_bytes) snprintf(dev_part, sizeof dev_part, ", %s device", dev);
         printf("(%d) %s: %d requests, %lld prompt tokens sent, %lld evaluated (new %lld, bound %lld, "
-               "worst request +%d over new): %s; snapshots %s RAM%s (%d restore points in %d trie nodes); wall %.2fx cold (%.1f s vs %.1f s), CPU %.2fx%s%s\n",
+               "worst request +%d over new): %s; snapshots %s RAM%s%s (%d restore points in %d trie nodes); wall %.2fx cold (%.1f s vs %.1f s), CPU %.2fx%s%s\n",
                p->id, p->name, p->requests, (long long)p->sent, (long long)p->evaluated,
                (long long)p->fresh, (long long)p->bound, p->max_over, p->failed ? "FAIL" : "PASS", ram,
-               disk_part, p->restore_points, p->nodes, ratio(p),
+               dev_part, disk_part, p->restore_points, p->nodes, ratio(p),
                p->spent.wall / 1e3, p->cold.wall / 1e3, cpu_ratio(p), p->note[0] ? ". " : "", p->note);
     }
 }
@@ -947,6 +954,7 @@ static int print_json(const bench *b, const pat_result *r, int n) {
         cJSON *snap = cJSON_AddObjectToObject(o, "snapshot_bytes");
         if (snap) {
             cJSON_AddNumberToObject(snap, "ram", (double)p->ram_bytes);
+            cJSON_AddNumberToObject(snap, "device", (double)p->dev_bytes);
             if (p->disk_bytes >= 0) cJSON_AddNumberToObject(snap, "disk", (double)p->disk_bytes);
             else cJSON_AddNullToObject(snap, "disk");
         }
