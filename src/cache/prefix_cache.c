@@ -944,9 +944,9 @@ static int evict_round(cn_prefix_cache *pc, int ram_too) {
      * in later rounds */
     cn_node *d = ram_too && pc->dev_bytes > pc->o.dev_budget ? pick_in(pc, PICK_TO_HOST) : NULL;
     if (d) {
-        int moved = 0;
-        for (int l = 0; l < pc->trie.n_layers; l++) moved |= slot_to_host(pc, d, l) == CN_OK;
-        if (moved) {
+        uint64_t before = node_dev_bytes(pc, d);
+        for (int l = 0; l < pc->trie.n_layers; l++) slot_to_host(pc, d, l); /* CN_ENOMEM: stays */
+        if (node_dev_bytes(pc, d) < before) {
             pc->n_to_host++;
             return 1;
         }

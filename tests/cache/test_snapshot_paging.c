@@ -8,7 +8,9 @@
  * concat on the device, to_host, restore from either tier) against the live bytes; and whole
  * requests on nh-mix-f32 under budgets far below one branch, so that every node goes device ->
  * RAM -> disk, then each branch is restored from disk with the reuse expected and the prompt's
- * logits equal to a cold run's.
+ * logits equal to a cold run's; a device tier large enough to hold everything; and snapshot
+ * buffers that fail to allocate (host or device), on the CPU backend with its buffer hooks
+ * replaced, where nothing may be lost or leaked and an eviction step that cannot progress says so.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -20,6 +22,8 @@
 #include "cache/snapshot.h"
 #include "engine/engine.h"
 #include "model/state.h"
+#include "tensor/backend_impl.h"
+#include "tensor/cpu/cpu_backend.h"
 #include "test_util.h"
 
 #define TOL 2e-5
@@ -32,10 +36,11 @@ static int32_t rnd_token(int V) {
     return (int32_t)(20 + g_rng % (uint64_t)(V - 20));
 }
 
+/* nh-mix-f32 on *b, or on a new backend of $CAIRN_BACKEND when *b is NULL. */
 static void open_model(cn_backend **b, cn_model **m) {
     char dir[600];
     snprintf(dir, sizeof dir, "%s/nh-mix-f32", tu_data_dir());
-    *b = tu_backend(2);
+    if (!*b) *b = tu_backend(2);
     assert_non_null(*b);
     cn_err err;
     cn_err_clear(&err);
@@ -64,7 +69,7 @@ static int layer_of(const cn_state *s, cn_block type) {
  * RAM (the copy in flight), and restore into a live state from either tier: every byte as taken. */
 static void test_snapshot_moves(void **st) {
     (void)st;
-    cn_backend *b;
+    cn_backend *b = NULL;
     cn_model *m;
     open_model(&b, &m);
     int V = cn_model_config(m)->vocab_size;
@@ -174,6 +179,7 @@ static void test_snapshot_moves(void **st) {
 
 typedef struct env {
     cn_backend *b;
+    int own_b;
     cn_model *m;
     cn_engine *e;
     cn_state *cold;
@@ -181,8 +187,11 @@ typedef struct env {
     float *want, *got;
 } env;
 
-static void env_open(env *v, const char *cache, uint64_t dev, uint64_t ram) {
+/* On backend b (NULL: a new one of $CAIRN_BACKEND, owned). */
+static void env_open_on(env *v, cn_backend *b, const char *cache, uint64_t dev, uint64_t ram) {
     memset(v, 0, sizeof *v);
+    v->b = b;
+    v->own_b = !b;
     open_model(&v->b, &v->m);
     cn_err err;
     cn_err_clear(&err);
@@ -197,13 +206,17 @@ static void env_open(env *v, const char *cache, uint64_t dev, uint64_t ram) {
     v->got = malloc((size_t)v->V * sizeof(float));
 }
 
+static void env_open(env *v, const char *cache, uint64_t dev, uint64_t ram) {
+    env_open_on(v, NULL, cache, dev, ram);
+}
+
 static void env_close(env *v) {
     free(v->want);
     free(v->got);
     cn_state_free(v->cold);
     cn_engine_close(v->e);
     cn_model_close(v->m);
-    cn_backend_free(v->b);
+    if (v->own_b) cn_backend_free(v->b);
 }
 
 static void check(const cn_prefix_cache *pc) {
@@ -336,12 +349,82 @@ static void test_device_only(void **st) {
     env_close(&v);
 }
 
+/* ---- allocation failures ------------------------------------------------------------------- */
+
+/* A CPU backend whose snapshot buffers fail on demand, counting the device ones it has out. */
+static int g_fail_host, g_fail_dev, g_dev_out;
+
+static int flaky_alloc(cn_backend *b, int kind, uint64_t n, void **out) {
+    (void)b;
+    if ((kind == CN_BUF_HOST && g_fail_host) || (kind == CN_BUF_DEVICE && g_fail_dev)) return CN_ENOMEM;
+    void *p = malloc(n ? (size_t)n : 1);
+    if (!p) return CN_ENOMEM;
+    g_dev_out += kind == CN_BUF_DEVICE;
+    *out = p;
+    return CN_OK;
+}
+
+static void flaky_free(cn_backend *b, int kind, void *p) {
+    (void)b;
+    g_dev_out -= kind == CN_BUF_DEVICE;
+    free(p);
+}
+
+/* Host buffers failing: device bytes stay on the device over their budget (nothing is lost, the
+ * eviction step says it cannot go on), restores still come from there; once host buffers come
+ * back the device drains. Device buffers failing: new state goes to RAM instead. Every restore
+ * matches a cold run, and no device buffer is left at the end. */
+static void test_allocation_failures(void **st) {
+    (void)st;
+    cn_backend *cpu = cn_cpu_backend_create(2);
+    assert_non_null(cpu);
+    cn_backend_iface fi = *cpu->iface;
+    fi.buf_alloc = flaky_alloc;
+    fi.buf_free = flaky_free;
+    cn_backend fb = {&fi, cpu->ctx};
+    g_fail_host = g_fail_dev = g_dev_out = 0;
+    env v;
+    const uint64_t dev = 32 * 1024;
+    env_open_on(&v, &fb, NULL, dev, 64 << 20);
+    cn_prefix_cache *pc = &v.e->pc;
+    int32_t p[2][60];
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < 60; i++) p[k][i] = rnd_token(v.V);
+
+    g_fail_host = 1;
+    turn(&v, p[0], 60, 0);
+    drain(&v);
+    assert_true(pc->dev_bytes > dev); /* nowhere to go */
+    assert_int_equal(pc->n_to_host, 0);
+    assert_true(cn_pc_over_budget(pc));
+    assert_int_equal(cn_pc_evict_step(pc, 4), 0); /* no progress possible: the step says so */
+    turn(&v, p[0], 60, 56);
+    g_fail_host = 0;
+    drain(&v);
+    assert_true(pc->dev_bytes <= dev);
+    assert_true(pc->n_to_host > 0);
+
+    g_fail_dev = 1;
+    uint64_t dev_before = pc->dev_bytes, ram_before = pc->ram_bytes;
+    turn(&v, p[1], 60, 0);
+    assert_true(pc->dev_bytes <= dev_before);
+    assert_true(pc->ram_bytes > ram_before);
+    turn(&v, p[1], 60, 56);
+    g_fail_dev = 0;
+    turn(&v, p[0], 60, 56);
+    assert_int_equal(pc->n_evicted, 0);
+    env_close(&v);
+    assert_int_equal(g_dev_out, 0);
+    cn_backend_free(cpu);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_snapshot_moves),
         cmocka_unit_test(test_device_ram_disk_and_back),
         cmocka_unit_test(test_device_ram_without_disk),
         cmocka_unit_test(test_device_only),
+        cmocka_unit_test(test_allocation_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
