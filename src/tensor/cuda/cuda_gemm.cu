@@ -334,6 +334,7 @@ int cu_matmul(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor *
                        "cublasSgemm");
     }
     if (w->dtype == CN_BF16 && T >= 32 && big) return matmul_bf16_split(c, y, w, x);
+    if (cu_gg_fits(w->dtype, &w, 1, K)) return cu_gg_dense(c, y, w, x);
     mm_args a;
     memset(&a, 0, sizeof a);
     a.x = (const char *)x->data;
@@ -517,6 +518,7 @@ int cu_matmul_gather(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, int
         if ((rc = cu_flag_read(c, &flag))) return rc;
         return flag ? CN_EINVAL : CN_OK;
     }
+    if (cu_gg_fits(dt, w, n_w, x->shape[1])) return cu_gg_gather(c, y, table, n_w, dt, x, ids);
     const int tm = rows <= 2 * (int64_t)n_w ? 16 : 64;
     const int64_t max_tiles = (rows + tm - 1) / tm + n_w;
     if (max_tiles > 65535) return CN_EUNSUPPORTED;

@@ -241,4 +241,12 @@ typedef struct cu_tile {
     int begin, end; /* positions in `order` (gather) or rows (dense) */
 } cu_tile;
 
+/* Tensor-core GEMMs for prefill (cuda_grouped_gemm.cu). cu_gg_fits: whether the weights (all of
+ * dtype dt) can take them; then cu_gg_dense is matmul, cu_gg_gather matmul_gather with the
+ * expert table already built (same contract, including the ids verdict). */
+bool cu_gg_fits(cn_dtype dt, const cn_tensor *const *w, int n_w, int64_t K);
+int cu_gg_dense(cu_ctx *c, cn_tensor *y, const cn_tensor *w, const cn_tensor *x);
+int cu_gg_gather(cu_ctx *c, cn_tensor *y, const cu_wexp *table, int n_w, cn_dtype dt,
+                 const cn_tensor *x, const cn_tensor *ids);
+
 #endif
