@@ -10,7 +10,7 @@
  * Every output row is computed from its own x row and W alone, in a fixed order over k, so a
  * row's result does not depend on which rows share its tile or how a prompt was cut into
  * chunks. A CTA decodes each weight tile into shared memory once (16 values per thread, from
- * one 8- or 16-byte load) and reuses it for all rows of its tile; the next tile's loads are in
+ * one 8- or 16-byte load, through a 256-entry byte table) and reuses it for all rows of its tile; the next tile's loads are in
  * flight while the tensor cores work on the current one (two shared buffers).
  * Never: F32 or F16 weights, K not a multiple of GG_BK, or weight rows not 16-byte aligned
  * (cu_gg_fits says so; the caller keeps its own path for those).
@@ -101,28 +101,48 @@ __device__ __forceinline__ void gg_load_w(const cu_wexp &w, int64_t n, int k, bo
     }
 }
 
+/* The shared decode table of a CTA: NVFP4, byte -> its two e2m1 values as bf16x2 (low nibble
+ * first); F8 and MXFP8, byte -> the e4m3 value as a float. One load per byte instead of the
+ * selects of cu_e2m1 / cu_e4m3 per value. */
+template <int DT>
+__device__ __forceinline__ void gg_lut_fill(unsigned *lut, int tid, int threads) {
+    for (int b = tid; b < 256; b += threads) {
+        if (DT == CN_NVFP4) {
+            const __nv_bfloat162 v = __floats2bfloat162_rn(cu_e2m1(b & 15u), cu_e2m1((unsigned)b >> 4));
+            lut[b] = *(const unsigned *)&v;
+        } else {
+            lut[b] = __float_as_uint(cu_e4m3((unsigned)b));
+        }
+    }
+}
+
 /* Decodes 16 weights to bf16 (block scale applied; exact, see the header) into shared memory. */
 template <int DT>
-__device__ __forceinline__ void gg_store_w(__nv_bfloat16 *dst, const gg_raw<DT> &r) {
+__device__ __forceinline__ void gg_store_w(__nv_bfloat16 *dst, const gg_raw<DT> &r, const unsigned *lut) {
     if (DT == CN_BF16) {
         ((uint4 *)dst)[0] = r.v[0];
         ((uint4 *)dst)[1] = r.v[1];
         return;
     }
-    const float s = DT == CN_NVFP4 ? cu_e4m3(r.s) : DT == CN_MXFP8 ? cu_e8m0(r.s) : 1.0f;
     const unsigned char *b = (const unsigned char *)r.v;
-    __align__(16) __nv_bfloat162 o[8];
+    __align__(16) unsigned o[8];
+    if (DT == CN_NVFP4) { /* e2m1 x E4M3: at most 6 significant bits, so the bf16 product is exact */
+        const __nv_bfloat16 sb = __float2bfloat16_rn(cu_e4m3(r.s));
+        const __nv_bfloat162 s2 = __halves2bfloat162(sb, sb);
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
-        float v0, v1;
-        if (DT == CN_NVFP4) {
-            v0 = cu_e2m1(b[i] & 15u) * s;
-            v1 = cu_e2m1(b[i] >> 4) * s;
-        } else {
-            v0 = cu_e4m3(b[2 * i]) * s;
-            v1 = cu_e4m3(b[2 * i + 1]) * s;
+        for (int i = 0; i < 8; i++) {
+            const unsigned u = lut[b[i]];
+            const __nv_bfloat162 p = __hmul2(*(const __nv_bfloat162 *)&u, s2);
+            o[i] = *(const unsigned *)&p;
         }
-        o[i] = __floats2bfloat162_rn(v0, v1);
+    } else {
+        const float s = DT == CN_MXFP8 ? cu_e8m0(r.s) : 1.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const __nv_bfloat162 p = __floats2bfloat162_rn(__uint_as_float(lut[b[2 * i]]) * s,
+                                                           __uint_as_float(lut[b[2 * i + 1]]) * s);
+            o[i] = *(const unsigned *)&p;
+        }
     }
     ((uint4 *)dst)[0] = ((const uint4 *)o)[0];
     ((uint4 *)dst)[1] = ((const uint4 *)o)[1];
@@ -146,11 +166,12 @@ __device__ __forceinline__ void gg_mma(float c[4], const unsigned a[4], const un
 template <int DT, int BM>
 __global__ void __launch_bounds__(BM * 4) k_gg(gg_args a) {
     constexpr int THREADS = BM * 4, WU = 2 * GG_BN / THREADS; /* weight half-rows per thread */
-    static_assert(2 * (GG_SPLIT * BM + GG_BN) * GG_LDS * 2 + BM * 12 <= 48 * 1024, "shared memory");
+    static_assert(2 * (GG_SPLIT * BM + GG_BN) * GG_LDS * 2 + BM * 12 + 1024 <= 48 * 1024, "shared memory");
     __shared__ __align__(16) __nv_bfloat16 sa[2][GG_SPLIT][BM][GG_LDS];
     __shared__ __align__(16) __nv_bfloat16 sb[2][GG_BN][GG_LDS];
     __shared__ int64_t yrow_[BM];
     __shared__ int xrow_[BM];
+    __shared__ unsigned lut_[DT == CN_BF16 ? 1 : 256];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 2, wn = warp & 3;
     cu_wexp w;
     int begin, end;
@@ -165,6 +186,7 @@ __global__ void __launch_bounds__(BM * 4) k_gg(gg_args a) {
         begin = (int)blockIdx.y * BM;
         end = begin + BM < a.rows ? begin + BM : a.rows;
     }
+    if (DT != CN_BF16) gg_lut_fill<DT>(lut_, tid, THREADS);
     if (tid < BM) {
         int64_t xr = -1, yr = -1;
         if (tid < end - begin) {
@@ -203,7 +225,7 @@ __global__ void __launch_bounds__(BM * 4) k_gg(gg_args a) {
 #pragma unroll
         for (int i = 0; i < WU; i++) {
             const int u = tid + i * THREADS;
-            gg_store_w<DT>(&sb[buf][u >> 1][(u & 1) * 16], rw[i]);
+            gg_store_w<DT>(&sb[buf][u >> 1][(u & 1) * 16], rw[i], lut_);
         }
     };
     float acc[2][4][4];
