@@ -5,6 +5,8 @@
  * that subtracts the running maximum before every exp, as the CPU backend does; the accumulator
  * of head_dim values lives in registers (head_dim <= 256). Keys and values may be F32, BF16, F16
  * or F8_E4M3 rows (F8 with the tensor's scale).
+ * Many queries (T * Hq >= ATT_SPLIT_MAX_ITEMS, prefill) go to the tensor-core kernel of
+ * cuda_attention_prefill.cu when their shapes fit it, else to this one.
  * Split-K for few queries (decode, a speculative verify: T * Hq < ATT_SPLIT_MAX_ITEMS): the keys
  * are cut in spans of ATT_SPLIT_KEYS, one warp per (query, head, span) writes its running max,
  * sum and unnormalised accumulator to scratch, and a second kernel merges the spans in order.
@@ -167,6 +169,10 @@ int cu_attention(cn_backend *b, cn_tensor *out, const cn_tensor *q, const cn_ten
     const int64_t T = q->shape[0], Dh = q->shape[1] / n_heads;
     if (Dh > ATT_MAX_DH) return CN_EUNSUPPORTED;
     if (T == 0) return CN_OK;
+    if (T * n_heads >= ATT_SPLIT_MAX_ITEMS) { /* prefill: on tensor cores where it fits */
+        const int rc = cu_fa_attention(c, out, q, kc, vc, n_past, n_heads, n_kv_heads, scale);
+        if (rc != CN_EUNSUPPORTED) return rc;
+    }
     att_args a;
     a.out = (char *)out->data;
     a.os = out->stride[0];

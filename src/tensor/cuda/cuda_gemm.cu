@@ -8,7 +8,9 @@
  *                              16 bytes per lane per load when rows are aligned)
  *   F32 weights, larger T      cublasSgemm (fp32, no TF32)
  *   BF16 weights, T >= 32      cublasGemmEx on tensor cores, once per bf16 term of x split in
- *                              three (cuda_impl.h (4): as accurate as an fp32 GEMM)
+ *                              two (cuda_impl.h (4))
+ *   BF16, F8, NVFP4, MXFP8     the tensor-core kernels of cuda_grouped_gemm.cu when the rows
+ *   weights, otherwise         and K fit them (cu_gg_fits), dense and gathered
  *   otherwise                  a tiled SIMT kernel (64x64 tiles, fp32 FMA)
  * The gathered matmul, for at most MM_GATHER_GEMV_ROWS rows (a decode token's experts), runs the
  * GEMV with each row's expert looked up by its id; for more rows it sorts them by expert on the
@@ -27,7 +29,7 @@
 #define MM_TN 64       /* weight rows per tile */
 #define MM_TK 16       /* k per step of the tiled kernel */
 #define MM_THREADS 256
-#define MM_SPLIT 3     /* bf16 terms of an fp32 activation for tensor-core GEMMs */
+#define MM_SPLIT 2     /* bf16 terms of an fp32 activation for tensor-core GEMMs */
 
 /* ---------------------------------------------------------------- GEMV: warp per weight row */
 
@@ -269,8 +271,8 @@ static int launch_tiled(cu_ctx *c, const mm_args &a, int tm, unsigned n_row_tile
 
 /* ---------------------------------------------------------------- dense */
 
-/* x (fp32 rows) -> three bf16 terms, [3][T, K] packed: x = t0 + t1 + t2 + O(2^-27 |x|). Each
- * remainder is exact in fp32, so the three products summed in fp32 give an fp32-accurate GEMM. */
+/* x (fp32 rows) -> MM_SPLIT bf16 terms, [MM_SPLIT][T, K] packed: x = t0 + t1 + O(2^-18 |x|),
+ * each term the bf16 rounding of what the previous ones left (cuda_impl.h (4)). */
 __global__ void k_split_bf16(const char *__restrict__ x, int64_t xs, __nv_bfloat16 *__restrict__ out,
                              int64_t T, int64_t K) {
     const int64_t n = T * K;
@@ -334,6 +336,7 @@ int cu_matmul(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor *
                        "cublasSgemm");
     }
     if (w->dtype == CN_BF16 && T >= 32 && big) return matmul_bf16_split(c, y, w, x);
+    if (cu_gg_fits(w->dtype, &w, 1, K)) return cu_gg_dense(c, y, w, x);
     mm_args a;
     memset(&a, 0, sizeof a);
     a.x = (const char *)x->data;
@@ -517,6 +520,7 @@ int cu_matmul_gather(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, int
         if ((rc = cu_flag_read(c, &flag))) return rc;
         return flag ? CN_EINVAL : CN_OK;
     }
+    if (cu_gg_fits(dt, w, n_w, x->shape[1])) return cu_gg_gather(c, y, table, n_w, dt, x, ids);
     const int tm = rows <= 2 * (int64_t)n_w ? 16 : 64;
     const int64_t max_tiles = (rows + tm - 1) / tm + n_w;
     if (max_tiles > 65535) return CN_EUNSUPPORTED;

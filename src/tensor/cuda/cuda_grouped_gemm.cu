@@ -1,0 +1,437 @@
+/* cuda_grouped_gemm.cu - prefill GEMMs on tensor cores for weights the kernel decodes itself:
+ * the gathered experts of a MoE layer (all experts in one launch) and dense BF16, F8, NVFP4 and
+ * MXFP8 weights at more than a few rows.
+ *
+ * Promises: y = x W^T with W's values exact in bf16 (BF16 as stored; F8 E4M3 values; NVFP4 e2m1 x
+ * E4M3 scale and MXFP8 e4m3 x E8M0 scale, exact products of at most 8 significant bits, except
+ * an MXFP8 value below bf16's smallest subnormal 2^-133, which becomes 0) and x split into
+ * GG_SPLIT bf16 terms (cuda_impl.h (4)); products summed in fp32 by mma.sync (m16n8k16). The
+ * per-tensor scale (F8, NVFP4 global) multiplies each output once, as on the other paths.
+ * Every output row is computed from its own x row and W alone, in a fixed order over k, so a
+ * row's result does not depend on which rows share its tile or how a prompt was cut into
+ * chunks. A CTA decodes each weight tile into shared memory once (16 values per thread, from
+ * one 8- or 16-byte load, through a 256-entry byte table) and reuses it for all rows of its tile; the next tile's loads are in
+ * flight while the tensor cores work on the current one (two shared buffers).
+ * Never: F32 or F16 weights, K not a multiple of GG_BK, or weight rows not 16-byte aligned
+ * (cu_gg_fits says so; the caller keeps its own path for those).
+ * Gathered: one block sorts the rows by expert into tiles of one expert each (counting sort,
+ * ids checked on the device first: a bad id writes nothing and the op returns CN_EINVAL after
+ * the verdict, cuda_impl.h (1)).
+ */
+#include <string.h>
+
+#include "tensor/cuda/cuda_impl.h"
+
+#define GG_BN 128          /* weight rows (outputs) per CTA */
+#define GG_BK 32           /* k per shared-memory stage */
+#define GG_LDS (GG_BK + 8) /* bf16 per shared row: 80 bytes, so ldmatrix's 8 rows hit 32 banks */
+#define GG_SPLIT 2         /* bf16 terms of an fp32 activation */
+
+typedef struct gg_args {
+    const __nv_bfloat16 *xs; /* GG_SPLIT planes [xrows][K] */
+    int64_t plane;           /* elements per plane */
+    char *y;
+    int64_t ys;
+    int K, N;
+    int rows;              /* dense: T */
+    cu_wexp dense;         /* dense weight (table == NULL) */
+    const cu_wexp *table;  /* gather: experts */
+    const cu_tile *tiles;  /* gather: tiles of one expert each */
+    const int *n_tiles;    /* gather: how many (device) */
+    const int *order;      /* gather: output rows sorted by expert */
+    int k;                 /* gather: ids per token */
+    int x_per_token;       /* gather: x has T rows (x row = r / k) */
+} gg_args;
+
+bool cu_gg_fits(cn_dtype dt, const cn_tensor *const *w, int n_w, int64_t K) {
+    if (dt != CN_BF16 && dt != CN_F8_E4M3 && dt != CN_NVFP4 && dt != CN_MXFP8) return false;
+    if (K % GG_BK || K > INT32_MAX) return false;
+    for (int e = 0; e < n_w; e++) {
+        if (w[e]->dtype != dt || ((uintptr_t)w[e]->data & 15u) || w[e]->stride[0] % 16) return false;
+        if (w[e]->shape[0] > INT32_MAX) return false;
+        if ((dt == CN_NVFP4 || dt == CN_MXFP8) && !w[e]->block_scale) return false;
+    }
+    return true;
+}
+
+/* x (fp32 rows, any stride) -> GG_SPLIT bf16 planes [T][K]: x = t0 + t1 + r, each term the
+ * bf16 rounding of what the previous ones left, so |r| <= 2^-18 |x|. */
+__global__ void k_gg_split(const char *__restrict__ x, int64_t xs, __nv_bfloat16 *__restrict__ out,
+                           int64_t T, int64_t K) {
+    const int64_t n = T * K;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t t = i / K, k = i % K;
+        float v = ((const float *)(x + t * xs))[k];
+#pragma unroll
+        for (int j = 0; j < GG_SPLIT; j++) {
+            const __nv_bfloat16 h = __float2bfloat16_rn(v);
+            out[j * n + i] = h;
+            v -= __bfloat162float(h);
+        }
+    }
+}
+
+/* The raw bytes of 16 consecutive weights of one row (and their block scale). */
+template <int DT>
+struct gg_raw {
+    uint4 v[DT == CN_BF16 ? 2 : 1];
+    unsigned s;
+};
+
+template <int DT>
+__device__ __forceinline__ void gg_load_w(const cu_wexp &w, int64_t n, int k, bool ok, gg_raw<DT> &r) {
+    r.s = 0;
+    if (!ok) {
+#pragma unroll
+        for (int i = 0; i < (DT == CN_BF16 ? 2 : 1); i++) r.v[i] = make_uint4(0, 0, 0, 0);
+        return;
+    }
+    const char *row = w.data + n * w.stride;
+    if (DT == CN_BF16) {
+        r.v[0] = *(const uint4 *)(row + 2 * (int64_t)k);
+        r.v[1] = *(const uint4 *)(row + 2 * (int64_t)k + 16);
+    } else if (DT == CN_NVFP4) {
+        const uint2 p = *(const uint2 *)(row + (k >> 1));
+        r.v[0] = make_uint4(p.x, p.y, 0, 0);
+        r.s = w.bs[n * w.bs_stride + (k >> 4)];
+    } else {
+        r.v[0] = *(const uint4 *)(row + k);
+        if (DT == CN_MXFP8) r.s = w.bs[n * w.bs_stride + (k >> 5)];
+    }
+}
+
+/* The shared decode table of a CTA: NVFP4, byte -> its two e2m1 values as bf16x2 (low nibble
+ * first); F8 and MXFP8, byte -> the e4m3 value as a float. One load per byte instead of the
+ * selects of cu_e2m1 / cu_e4m3 per value. */
+template <int DT>
+__device__ __forceinline__ void gg_lut_fill(unsigned *lut, int tid, int threads) {
+    for (int b = tid; b < 256; b += threads) {
+        if (DT == CN_NVFP4) {
+            const __nv_bfloat162 v = __floats2bfloat162_rn(cu_e2m1(b & 15u), cu_e2m1((unsigned)b >> 4));
+            lut[b] = *(const unsigned *)&v;
+        } else {
+            lut[b] = __float_as_uint(cu_e4m3((unsigned)b));
+        }
+    }
+}
+
+/* Decodes 16 weights to bf16 (block scale applied; exact, see the header) into shared memory. */
+template <int DT>
+__device__ __forceinline__ void gg_store_w(__nv_bfloat16 *dst, const gg_raw<DT> &r, const unsigned *lut) {
+    if (DT == CN_BF16) {
+        ((uint4 *)dst)[0] = r.v[0];
+        ((uint4 *)dst)[1] = r.v[1];
+        return;
+    }
+    const unsigned char *b = (const unsigned char *)r.v;
+    __align__(16) unsigned o[8];
+    if (DT == CN_NVFP4) { /* e2m1 x E4M3: at most 6 significant bits, so the bf16 product is exact */
+        const __nv_bfloat16 sb = __float2bfloat16_rn(cu_e4m3(r.s));
+        const __nv_bfloat162 s2 = __halves2bfloat162(sb, sb);
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const unsigned u = lut[b[i]];
+            const __nv_bfloat162 p = __hmul2(*(const __nv_bfloat162 *)&u, s2);
+            o[i] = *(const unsigned *)&p;
+        }
+    } else {
+        const float s = DT == CN_MXFP8 ? cu_e8m0(r.s) : 1.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const __nv_bfloat162 p = __floats2bfloat162_rn(__uint_as_float(lut[b[2 * i]]) * s,
+                                                           __uint_as_float(lut[b[2 * i + 1]]) * s);
+            o[i] = *(const unsigned *)&p;
+        }
+    }
+    ((uint4 *)dst)[0] = ((const uint4 *)o)[0];
+    ((uint4 *)dst)[1] = ((const uint4 *)o)[1];
+}
+
+__device__ __forceinline__ void gg_ldsm4(unsigned r[4], const void *p) {
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+
+__device__ __forceinline__ void gg_mma(float c[4], const unsigned a[4], const unsigned b[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/* A BM x GG_BN tile of y; BM / 8 warps, each 32 rows x 32 outputs. */
+template <int DT, int BM>
+__global__ void __launch_bounds__(BM * 4) k_gg(gg_args a) {
+    constexpr int THREADS = BM * 4, WU = 2 * GG_BN / THREADS; /* weight half-rows per thread */
+    static_assert(2 * (GG_SPLIT * BM + GG_BN) * GG_LDS * 2 + BM * 12 + 1024 <= 48 * 1024, "shared memory");
+    __shared__ __align__(16) __nv_bfloat16 sa[2][GG_SPLIT][BM][GG_LDS];
+    __shared__ __align__(16) __nv_bfloat16 sb[2][GG_BN][GG_LDS];
+    __shared__ int64_t yrow_[BM];
+    __shared__ int xrow_[BM];
+    __shared__ unsigned lut_[DT == CN_BF16 ? 1 : 256];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 2, wn = warp & 3;
+    cu_wexp w;
+    int begin, end;
+    if (a.tiles) {
+        if ((int)blockIdx.y >= *a.n_tiles) return;
+        const cu_tile tl = a.tiles[blockIdx.y];
+        w = a.table[tl.expert];
+        begin = tl.begin;
+        end = tl.end;
+    } else {
+        w = a.dense;
+        begin = (int)blockIdx.y * BM;
+        end = begin + BM < a.rows ? begin + BM : a.rows;
+    }
+    if (DT != CN_BF16) gg_lut_fill<DT>(lut_, tid, THREADS);
+    if (tid < BM) {
+        int64_t xr = -1, yr = -1;
+        if (tid < end - begin) {
+            if (a.order) {
+                const int r = a.order[begin + tid];
+                yr = r;
+                xr = a.x_per_token ? r / a.k : r;
+            } else {
+                xr = yr = begin + tid;
+            }
+        }
+        xrow_[tid] = (int)xr;
+        yrow_[tid] = yr;
+    }
+    __syncthreads();
+    const int64_t n0 = (int64_t)blockIdx.x * GG_BN;
+    /* loaders: x rows 8 bf16 at a time per plane; weights 16 values per half-row */
+    const int ar = tid >> 2, ac = (tid & 3) * 8;
+    const int xr = xrow_[ar];
+    const __nv_bfloat16 *ap = a.xs + (int64_t)(xr < 0 ? 0 : xr) * a.K + ac;
+    uint4 ra[GG_SPLIT];
+    gg_raw<DT> rw[WU];
+    auto load = [&](int k0) {
+#pragma unroll
+        for (int j = 0; j < GG_SPLIT; j++)
+            ra[j] = xr >= 0 ? *(const uint4 *)(ap + j * a.plane + k0) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int i = 0; i < WU; i++) {
+            const int u = tid + i * THREADS, n = u >> 1;
+            gg_load_w<DT>(w, n0 + n, k0 + (u & 1) * 16, n0 + n < a.N, rw[i]);
+        }
+    };
+    auto store = [&](int buf) {
+#pragma unroll
+        for (int j = 0; j < GG_SPLIT; j++) *(uint4 *)&sa[buf][j][ar][ac] = ra[j];
+#pragma unroll
+        for (int i = 0; i < WU; i++) {
+            const int u = tid + i * THREADS;
+            gg_store_w<DT>(&sb[buf][u >> 1][(u & 1) * 16], rw[i], lut_);
+        }
+    };
+    float acc[2][4][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < 4; ni++)
+#pragma unroll
+            for (int q = 0; q < 4; q++) acc[mi][ni][q] = 0.0f;
+    const int nk = a.K / GG_BK;
+    load(0);
+    store(0);
+    __syncthreads();
+    for (int kt = 0; kt < nk; kt++) {
+        const int buf = kt & 1;
+        if (kt + 1 < nk) load((kt + 1) * GG_BK); /* in flight during the MMAs below */
+#pragma unroll
+        for (int kk = 0; kk < GG_BK; kk += 16) {
+            unsigned bf[4][2];
+#pragma unroll
+            for (int nb = 0; nb < 2; nb++) {
+                unsigned r[4];
+                gg_ldsm4(r, &sb[buf][wn * 32 + nb * 16 + (lane & 7) + ((lane >> 4) << 3)]
+                               [kk + ((lane >> 3) & 1) * 8]);
+                bf[2 * nb][0] = r[0];
+                bf[2 * nb][1] = r[1];
+                bf[2 * nb + 1][0] = r[2];
+                bf[2 * nb + 1][1] = r[3];
+            }
+#pragma unroll
+            for (int j = GG_SPLIT - 1; j >= 0; j--) { /* the small term first */
+                unsigned af[2][4];
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++)
+                    gg_ldsm4(af[mi], &sa[buf][j][wm * 32 + mi * 16 + (lane & 15)][kk + (lane >> 4) * 8]);
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                    for (int ni = 0; ni < 4; ni++) gg_mma(acc[mi][ni], af[mi], bf[ni]);
+            }
+        }
+        if (kt + 1 < nk) store(buf ^ 1);
+        __syncthreads();
+    }
+    const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int64_t yr = yrow_[wm * 32 + mi * 16 + g + 8 * h];
+            if (yr < 0) continue;
+            float *yp = (float *)(a.y + yr * a.ys);
+#pragma unroll
+            for (int ni = 0; ni < 4; ni++) {
+                const int64_t col = n0 + wn * 32 + ni * 8 + 2 * t4;
+                if (col < a.N) yp[col] = acc[mi][ni][2 * h] * w.scale;
+                if (col + 1 < a.N) yp[col + 1] = acc[mi][ni][2 * h + 1] * w.scale;
+            }
+        }
+}
+
+template <int DT>
+static int gg_launch(cu_ctx *c, const gg_args &a, int bm, unsigned row_tiles) {
+    const dim3 grid((unsigned)((a.N + GG_BN - 1) / GG_BN), row_tiles);
+    if (bm == 32) k_gg<DT, 32><<<grid, 128, 0, c->stream>>>(a);
+    else k_gg<DT, 64><<<grid, 256, 0, c->stream>>>(a);
+    return cu_launch_check("matmul (tensor cores)");
+}
+
+static int gg_dispatch(cu_ctx *c, cn_dtype dt, const gg_args &a, int bm, unsigned row_tiles) {
+    switch (dt) {
+    case CN_BF16: return gg_launch<CN_BF16>(c, a, bm, row_tiles);
+    case CN_F8_E4M3: return gg_launch<CN_F8_E4M3>(c, a, bm, row_tiles);
+    case CN_NVFP4: return gg_launch<CN_NVFP4>(c, a, bm, row_tiles);
+    case CN_MXFP8: return gg_launch<CN_MXFP8>(c, a, bm, row_tiles);
+    default: return CN_EUNSUPPORTED;
+    }
+}
+
+static cu_wexp gg_wexp(const cn_tensor *w) {
+    cu_wexp e;
+    e.data = (const char *)w->data;
+    e.stride = w->stride[0];
+    e.scale = cu_wscale(w);
+    e.bs = w->block_scale ? (const unsigned char *)w->block_scale->data : NULL;
+    e.bs_stride = w->block_scale ? w->block_scale->stride[0] : 0;
+    return e;
+}
+
+static int gg_split(cu_ctx *c, const cn_tensor *x, __nv_bfloat16 *planes) {
+    const int64_t T = x->shape[0], K = x->shape[1];
+    k_gg_split<<<cu_blocks(T * K, 256), 256, 0, c->stream>>>((const char *)x->data, x->stride[0],
+                                                            planes, T, K);
+    return cu_launch_check("matmul split (tensor cores)");
+}
+
+int cu_gg_dense(cu_ctx *c, cn_tensor *y, const cn_tensor *w, const cn_tensor *x) {
+    const int64_t T = x->shape[0], K = x->shape[1], N = w->shape[0];
+    if (T > INT32_MAX / 2 || N > INT32_MAX) return CN_EUNSUPPORTED;
+    const size_t plane = (size_t)(T * K);
+    __nv_bfloat16 *planes = (__nv_bfloat16 *)cu_scratch(c, GG_SPLIT * plane * sizeof(__nv_bfloat16));
+    if (!planes) return CN_ENOMEM;
+    int rc = gg_split(c, x, planes);
+    if (rc) return rc;
+    gg_args a;
+    memset(&a, 0, sizeof a);
+    a.xs = planes;
+    a.plane = (int64_t)plane;
+    a.y = (char *)y->data;
+    a.ys = y->stride[0];
+    a.K = (int)K;
+    a.N = (int)N;
+    a.rows = (int)T;
+    a.dense = gg_wexp(w);
+    const int bm = T <= 32 ? 32 : 64;
+    const int64_t tiles = (T + bm - 1) / bm;
+    if (tiles > 65535) return CN_EUNSUPPORTED;
+    return gg_dispatch(c, w->dtype, a, bm, (unsigned)tiles);
+}
+
+/* One block: checks ids, counts rows per expert, lays out tiles of <= tm rows of one expert and
+ * the rows' order (ascending within an expert is not needed: rows are independent). On a bad id:
+ * *flag = 1 and no tiles (the GEMM then writes nothing). */
+__global__ void __launch_bounds__(1024) k_gg_prep(const char *__restrict__ ids, int64_t ids_stride,
+                                                  int T, int k, int n_w, int tm, int *flag,
+                                                  int *cnt /* [2 * n_w] */, int *order,
+                                                  cu_tile *tiles, int *n_tiles) {
+    int *fill = cnt + n_w;
+    const int rows = T * k;
+    for (int e = threadIdx.x; e < n_w; e += blockDim.x) cnt[e] = 0;
+    __syncthreads();
+    int bad = 0;
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+        const int e = ((const int32_t *)(ids + (int64_t)(r / k) * ids_stride))[r % k];
+        if (e < 0 || e >= n_w) bad = 1;
+        else atomicAdd(&cnt[e], 1);
+    }
+    if (__syncthreads_or(bad)) {
+        if (threadIdx.x == 0) {
+            *flag = 1;
+            *n_tiles = 0;
+        }
+        return;
+    }
+    if (threadIdx.x == 0) {
+        int s = 0, nt = 0;
+        for (int e = 0; e < n_w; e++) {
+            const int ce = cnt[e];
+            for (int p = s; p < s + ce; p += tm) {
+                tiles[nt].expert = e;
+                tiles[nt].begin = p;
+                tiles[nt].end = p + tm < s + ce ? p + tm : s + ce;
+                nt++;
+            }
+            fill[e] = s;
+            s += ce;
+        }
+        *n_tiles = nt;
+    }
+    __syncthreads();
+    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+        const int e = ((const int32_t *)(ids + (int64_t)(r / k) * ids_stride))[r % k];
+        order[atomicAdd(&fill[e], 1)] = r;
+    }
+}
+
+int cu_gg_gather(cu_ctx *c, cn_tensor *y, const cu_wexp *table, int n_w, cn_dtype dt,
+                 const cn_tensor *x, const cn_tensor *ids) {
+    const int64_t T = ids->shape[0], k = ids->shape[1], rows = T * k;
+    const int64_t K = x->shape[1], N = y->shape[1], xrows = x->shape[0];
+    if (N > INT32_MAX || xrows > INT32_MAX / 2) return CN_EUNSUPPORTED;
+    /* rows per tile: the mean rows per expert rounded up to a warp row block (32 or 64) */
+    const int bm = rows <= 32 * (int64_t)n_w ? 32 : 64;
+    const int64_t max_tiles = (rows + bm - 1) / bm + n_w;
+    if (max_tiles > 65535) return CN_EUNSUPPORTED;
+    /* scratch: planes [GG_SPLIT][xrows][K] bf16, then cnt [2 n_w], n_tiles, order [rows], tiles */
+    const size_t plane = (size_t)(xrows * K);
+    const size_t pbytes = (GG_SPLIT * plane * sizeof(__nv_bfloat16) + 255) & ~(size_t)255;
+    const size_t n_int = ((size_t)(2 * n_w + 1) + (size_t)rows + 3) & ~(size_t)3;
+    char *mem = (char *)cu_scratch(c, pbytes + n_int * sizeof(int) + (size_t)max_tiles * sizeof(cu_tile));
+    if (!mem) return CN_ENOMEM;
+    __nv_bfloat16 *planes = (__nv_bfloat16 *)mem;
+    int *cnt = (int *)(mem + pbytes), *n_tiles = cnt + 2 * n_w, *order = n_tiles + 1;
+    cu_tile *tiles = (cu_tile *)(mem + pbytes + n_int * sizeof(int));
+    int rc = cu_flag_reset(c);
+    if (rc) return rc;
+    k_gg_prep<<<1, 1024, 0, c->stream>>>((const char *)ids->data, ids->stride[0], (int)T, (int)k,
+                                         n_w, bm, c->flag_dev, cnt, order, tiles, n_tiles);
+    if ((rc = cu_launch_check("gather prep (tensor cores)"))) return rc;
+    if ((rc = gg_split(c, x, planes))) return rc;
+    gg_args a;
+    memset(&a, 0, sizeof a);
+    a.xs = planes;
+    a.plane = (int64_t)plane;
+    a.y = (char *)y->data;
+    a.ys = y->stride[0];
+    a.K = (int)K;
+    a.N = (int)N;
+    a.table = table;
+    a.tiles = tiles;
+    a.n_tiles = n_tiles;
+    a.order = order;
+    a.k = (int)k;
+    a.x_per_token = xrows == T;
+    if ((rc = gg_dispatch(c, dt, a, bm, (unsigned)max_tiles))) return rc;
+    int flag = 0;
+    if ((rc = cu_flag_read(c, &flag))) return rc;
+    return flag ? CN_EINVAL : CN_OK;
+}
