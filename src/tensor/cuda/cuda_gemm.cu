@@ -2,8 +2,9 @@
  *
  * Promises: weights are read in their stored dtype and decoded in registers (F8 and the NVFP4
  * global scaled once per output, as on the CPU; NVFP4's E4M3 scale per 16 and MXFP8's E8M0 per 32
- * applied to each weight, so the result is the fp32 product with the dequantized weights - the
- * CPU instead quantizes activations to int8 for NVFP4); activations stay fp32. Dense paths, by rows T:
+ * applied to each weight - the decode GEMV to each block's partial sum - so the result is the fp32
+ * product with the dequantized weights up to rounding; the CPU instead quantizes activations to
+ * int8 for NVFP4); activations stay fp32. Dense paths, by rows T:
  *   T = 1, rows in 16 bytes    the decode GEMV (k_gemv1): x in shared memory, 4 weight rows per
  *                              warp, K split over warps when N is small (see there)
  *   T <= MM_GEMV_ROWS          a warp per weight row, all T rows at once (weights read once,
@@ -153,13 +154,15 @@ static void launch_gemv(cu_ctx *c, const cu_wexp &we, const cn_tensor *x, cn_ten
  *    x bytes than weight bytes of NVFP4 never go through L1 as scattered loads;
  *  - a warp takes MM_G1_RW weight rows at once, every x value read is used for all of them, and
  *    each lane keeps MM_G1_RW x U 16-byte weight loads in flight;
- *  - a lane reads its 16-byte chunk's x as float4 in a rotated order, so the 8 lanes of a shared
- *    memory phase hit distinct banks;
+ *  - x is stored swizzled (float4 f at f ^ (f / 8 mod Q), Q float4s per chunk), so the 8 lanes
+ *    of a shared memory phase, reading the same float4 of 8 consecutive chunks, hit distinct banks;
  *  - small N splits K over S warps per row group (partials summed in a fixed order in shared
  *    memory), so a 128-row router or a 256-row projection still fills the GPU;
  *  - blocks loop over row groups (grid about 4 per SM), so x is staged a few times, not per row.
- * Each weight is dequantized exactly as mm_chunk_val does (NVFP4: E2M1 x E4M3 is exact in fp32)
- * and products are summed in fp32 per lane, then across lanes and split warps in a fixed order. */
+ * Weights are decoded as mm_chunk_val does, but a block scale (NVFP4 per 16, MXFP8 per 32) is
+ * applied to the fp32 partial sum of its block's products rather than to each weight (one multiply
+ * per block instead of per weight; the same sum up to rounding); products are summed in fp32 per
+ * lane, then across lanes and split warps in a fixed order. */
 #define MM_G1_RW 4      /* weight rows per warp */
 #define MM_G1_MAXK 8192 /* x values staged in shared memory (32 KiB) */
 
@@ -170,11 +173,9 @@ struct mm_g1 {
     static constexpr int U = (DT == CN_NVFP4 || DT == CN_MXFP8) ? 1 : 2; /* chunks in flight */
 };
 
-/* Weights 4q..4q+3 of a 16-byte chunk, block scales s0 (first half, or the only one) and s1
- * applied; q may differ between lanes, so words are selected, never indexed. */
+/* Weights 4q..4q+3 of a 16-byte chunk as stored, without block scales (q is a constant). */
 template <int DT>
-__device__ __forceinline__ void mm_g1_dec4(const uint4 &raw, int q, float s0, float s1,
-                                           const float *lut, float w[4]) {
+__device__ __forceinline__ void mm_g1_dec4(const uint4 &raw, int q, const float *lut, float w[4]) {
     if (DT == CN_F32) {
         w[0] = __uint_as_float(raw.x);
         w[1] = __uint_as_float(raw.y);
@@ -196,14 +197,13 @@ __device__ __forceinline__ void mm_g1_dec4(const uint4 &raw, int q, float s0, fl
     } else if (DT == CN_F8_E4M3 || DT == CN_MXFP8) {
         const unsigned v = q == 0 ? raw.x : q == 1 ? raw.y : q == 2 ? raw.z : raw.w;
 #pragma unroll
-        for (int i = 0; i < 4; i++) w[i] = cu_e4m3((v >> (8 * i)) & 0xffu) * s0;
-    } else { /* NVFP4: 4 nibbles, half a 32-bit word; weights 0..15 of the chunk use s0 */
+        for (int i = 0; i < 4; i++) w[i] = cu_e4m3((v >> (8 * i)) & 0xffu);
+    } else { /* NVFP4: 4 nibbles, half a 32-bit word */
         const int wq = q >> 1;
         const unsigned v = (wq == 0 ? raw.x : wq == 1 ? raw.y : wq == 2 ? raw.z : raw.w) >>
                            ((q & 1) * 16);
-        const float s = q < 4 ? s0 : s1;
 #pragma unroll
-        for (int i = 0; i < 4; i++) w[i] = lut[(v >> (4 * i)) & 15u] * s;
+        for (int i = 0; i < 4; i++) w[i] = lut[(v >> (4 * i)) & 15u];
     }
 }
 
@@ -225,6 +225,9 @@ __global__ void __launch_bounds__(256, 2)
             int64_t ids_s, int k, const char *__restrict__ x, int64_t xs, int x_per_token,
             char *__restrict__ y, int64_t ys, int64_t K, int64_t N, int S, int rows, int *flag) {
     constexpr int V = mm_g1<DT>::V, Q = mm_g1<DT>::Q, U = mm_g1<DT>::U, RW = MM_G1_RW;
+    /* BS: block-scaled; BQ: float4s of a chunk per block scale (NVFP4 4, MXFP8 the whole chunk) */
+    constexpr bool BS = DT == CN_NVFP4 || DT == CN_MXFP8;
+    constexpr int BQ = DT == CN_NVFP4 ? 4 : Q;
     extern __shared__ float4 g1_x[]; /* [K / 4] */
     __shared__ float lut[16];
     __shared__ float part[8][RW];
@@ -246,11 +249,13 @@ __global__ void __launch_bounds__(256, 2)
     }
     const float *xr = (const float *)(x + xrow * xs);
     float *xsm = (float *)g1_x;
-    for (int64_t i = tid; i < K; i += blockDim.x) xsm[i] = xr[i];
+    for (int64_t i = tid; i < K; i += blockDim.x) { /* float4 f at f ^ ((f / 8) mod Q) */
+        const int64_t f = i >> 2;
+        xsm[((f ^ ((f >> 3) & (Q - 1))) << 2) | (i & 3)] = xr[i];
+    }
     if (DT == CN_NVFP4 && tid < 16) lut[tid] = cu_e2m1((unsigned)tid);
     __syncthreads();
     const int warp = tid >> 5, lane = tid & 31, G = 8 / S, g = warp / S, s = warp - g * S;
-    const int rot = Q == 1 ? 0 : (lane / (8 / Q)) & (Q - 1);
     const int64_t n_groups = (N + RW - 1) / RW, nu = K / V, step = (int64_t)S * 32;
     float *yr = (float *)(y + (int64_t)r * ys);
     for (int64_t base = (int64_t)blockIdx.x * G; base < n_groups; base += (int64_t)gridDim.x * G) {
@@ -291,18 +296,29 @@ __global__ void __launch_bounds__(256, 2)
                     const int64_t uj = u + j * step;
                     if (j && uj >= nu) break;
                     const float4 *xu = g1_x + uj * Q;
+                    const int sw = (int)((uj * Q) >> 3) & (Q - 1); /* the staging's swizzle */
+                    float tb[RW]; /* a scale block's partial sums */
 #pragma unroll
-                    for (int q0 = 0; q0 < Q; q0++) {
-                        const int q = (q0 + rot) & (Q - 1);
-                        const float4 xv = xu[q];
+                    for (int q = 0; q < Q; q++) {
+                        const float4 xv = xu[q ^ sw];
 #pragma unroll
                         for (int i = 0; i < RW; i++) {
                             float wv[4];
-                            mm_g1_dec4<DT>(raw[j][i], q, s0[j][i], s1[j][i], lut, wv);
-                            acc[i] = fmaf(wv[0], xv.x, acc[i]);
-                            acc[i] = fmaf(wv[1], xv.y, acc[i]);
-                            acc[i] = fmaf(wv[2], xv.z, acc[i]);
-                            acc[i] = fmaf(wv[3], xv.w, acc[i]);
+                            mm_g1_dec4<DT>(raw[j][i], q, lut, wv);
+                            if (BS) {
+                                if (q % BQ == 0) tb[i] = 0.0f;
+                                tb[i] = fmaf(wv[0], xv.x, tb[i]);
+                                tb[i] = fmaf(wv[1], xv.y, tb[i]);
+                                tb[i] = fmaf(wv[2], xv.z, tb[i]);
+                                tb[i] = fmaf(wv[3], xv.w, tb[i]);
+                                if (q % BQ == BQ - 1)
+                                    acc[i] = fmaf(tb[i], q < BQ ? s0[j][i] : s1[j][i], acc[i]);
+                            } else {
+                                acc[i] = fmaf(wv[0], xv.x, acc[i]);
+                                acc[i] = fmaf(wv[1], xv.y, acc[i]);
+                                acc[i] = fmaf(wv[2], xv.z, acc[i]);
+                                acc[i] = fmaf(wv[3], xv.w, acc[i]);
+                            }
                         }
                     }
                 }
