@@ -107,6 +107,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(att_args a) {
 #pragma unroll
         for (int i = 0; i < ATT_PER_LANE; i++) acc[i] *= corr;
         const int nk = n_keys - s0 < 32 ? (int)(n_keys - s0) : 32;
+#pragma unroll 8 /* the value rows of 8 keys in flight: the loop is bound by their latency */
         for (int j = 0; j < nk; j++) {
             const float pj = __shfl_sync(0xffffffffu, p, j) * a.vscale;
             const char *vr = a.v + (s0 + j) * a.vs + voff;
