@@ -185,6 +185,23 @@ static void test_matmul(void **st) {
             pv_free(&y);
             pw_free(&w);
         }
+    /* one x row over many weight rows: the decode GEMV splits K over 8, 4, 2 or 1 warps per row
+     * group as N grows (on a GPU of about 132 SMs, N = 150, 5000, 9000, 17000 take each once) */
+    const int64_t Ns[] = {5000, 9000, 17000};
+    for (size_t d = 0; d < sizeof k_wdt / sizeof k_wdt[0]; d++)
+        for (size_t i = 0; i < sizeof Ns / sizeof Ns[0]; i++) {
+            pw w1 = pw_make(k_wdt[d], Ns[i], 256, 0.5f);
+            pv x1 = pv_make(1, 256, 3, -1, 1), y1 = pv_make(1, Ns[i], 2, 0, 0);
+            assert_int_equal(cn_op_matmul(g_cpu, &y1.c, &w1.c, &x1.c), 0);
+            assert_int_equal(cn_op_matmul(g_cu, &y1.g, &w1.g, &x1.g), 0);
+            char what[64];
+            snprintf(what, sizeof what, "matmul %s T=1 N=%lld", cn_dtype_name(k_wdt[d]),
+                     (long long)Ns[i]);
+            pv_expect(what, &y1, TOL_MM);
+            pv_free(&x1);
+            pv_free(&y1);
+            pw_free(&w1);
+        }
     /* a larger bf16 product through cuBLAS (tensor cores, three-term split) */
     pw w = pw_make(CN_BF16, 384, 512, 0.1f);
     pv x = pv_make(96, 512, 0, -2, 2), y = pv_make(96, 384, 0, 0, 0);
@@ -654,6 +671,24 @@ static void test_block_scaled(void **st) {
                 pv_free(&y);
                 pq_free(&w);
             }
+        }
+    /* one x row over many weight rows (the decode GEMV's K split over 4, 2 and 1 warps) */
+    const int64_t Ns[] = {5000, 9000, 17000};
+    for (size_t d = 0; d < 2; d++)
+        for (size_t i = 0; i < sizeof Ns / sizeof Ns[0]; i++) {
+            pq w;
+            pq_make(&w, dts[d], Ns[i], 256);
+            pv x = pv_make(1, 256, 3, -1, 1), y = pv_make(1, Ns[i], 2, 0, 0);
+            assert_int_equal(cn_op_matmul(g_cu, &y.g, &w.g, &x.g), 0);
+            double e = pq_err(&w, &x, &y, NULL, 1);
+            if (!(e <= TOL_MM)) {
+                print_error("matmul %s T=1 N=%lld: rel err %.3g\n", cn_dtype_name(dts[d]),
+                            (long long)Ns[i], e);
+                fail();
+            }
+            pv_free(&x);
+            pv_free(&y);
+            pq_free(&w);
         }
     /* gathered experts: the gather GEMV (T*k <= 32) and the sorted tiles */
     enum { NW = 5 };

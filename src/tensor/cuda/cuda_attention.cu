@@ -1,7 +1,8 @@
 /* cuda_attention.cu - causal GQA attention without positional encoding on the GPU.
  *
- * Promises: one warp per (query, head) walks the keys 0..n_past+t in chunks of 32 (one key per
- * lane for the scores, then the chunk's values broadcast lane by lane), with a one-pass softmax
+ * Promises: one warp per (query, head) walks the keys 0..n_past+t in chunks of 32 (the warp reads
+ * each key row across its lanes and a transposing butterfly leaves one key's score per lane, then
+ * the chunk's values are broadcast lane by lane), with a one-pass softmax
  * that subtracts the running maximum before every exp, as the CPU backend does; the accumulator
  * of head_dim values lives in registers (head_dim <= 256). Keys and values may be F32, BF16, F16
  * or F8_E4M3 rows (F8 with the tensor's scale).
@@ -36,6 +37,20 @@ typedef struct att_args {
     float *part; /* split: [T*Hq][spans][Dh + 2] accumulator, then max and sum */
 } att_args;
 
+/* One step of the transposing butterfly: of the 2*O sums in p, this lane keeps the half its bit O
+ * picks and adds the partner lane's copy of that half; after O = 16, 8, 4, 2, 1 p[0] is the
+ * warp's total for key `lane`. */
+template <int O>
+__device__ __forceinline__ void att_fold(float (&p)[32], int lane) {
+    const bool up = (lane & O) != 0;
+#pragma unroll
+    for (int j = 0; j < O; j++) {
+        const float send = up ? p[j] : p[j + O];
+        const float keep = up ? p[j + O] : p[j];
+        p[j] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+    }
+}
+
 template <int KD, int VD>
 __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(att_args a) {
     /* split: this block's span of keys; a span past a query's last key leaves an empty partial */
@@ -61,15 +76,31 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(att_args a) {
                                    : n_all;
     const int64_t koff = (int64_t)kvh * Dh * (KD == CN_F32 ? 4 : KD == CN_F8_E4M3 ? 1 : 2);
     const int64_t voff = (int64_t)kvh * Dh * (VD == CN_F32 ? 4 : VD == CN_F8_E4M3 ? 1 : 2);
+    float qv[ATT_PER_LANE];
+#pragma unroll
+    for (int i = 0; i < ATT_PER_LANE; i++) qv[i] = lane + 32 * i < Dh ? qsh[wid][lane + 32 * i] : 0.0f;
     for (int64_t s0 = s_lo; s0 < n_keys; s0 += 32) {
-        const int64_t s = s0 + lane;
-        float sc = -INFINITY;
-        if (s < n_keys) {
-            const char *kr = a.k + s * a.ks + koff;
-            float dot = 0.0f;
-            for (int d = 0; d < Dh; d++) dot = fmaf(cu_wval<KD>(kr, d), qsh[wid][d], dot);
-            sc = dot * a.kscale * a.scale;
+        /* the chunk's 32 scores: the warp reads each key row coalesced (lane d, d + 32, ...), then
+         * a transposing butterfly (31 shuffles) leaves key s0 + lane's dot product on this lane */
+        float part[32];
+#pragma unroll
+        for (int j = 0; j < 32; j++) {
+            float dj = 0.0f;
+            if (s0 + j < n_keys) {
+                const char *kr = a.k + (s0 + j) * a.ks + koff;
+#pragma unroll
+                for (int i = 0; i < ATT_PER_LANE; i++)
+                    if (lane + 32 * i < Dh) dj = fmaf(cu_wval<KD>(kr, lane + 32 * i), qv[i], dj);
+            }
+            part[j] = dj;
         }
+        att_fold<16>(part, lane);
+        att_fold<8>(part, lane);
+        att_fold<4>(part, lane);
+        att_fold<2>(part, lane);
+        att_fold<1>(part, lane);
+        const int64_t s = s0 + lane;
+        const float sc = s < n_keys ? part[0] * a.kscale * a.scale : -INFINITY;
         const float cm = cu_warp_max(sc); /* finite: lane 0's key exists */
         const float mn = fmaxf(m, cm);
         const float corr = expf(m - mn); /* 0 on the first chunk */
@@ -78,6 +109,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(att_args a) {
 #pragma unroll
         for (int i = 0; i < ATT_PER_LANE; i++) acc[i] *= corr;
         const int nk = n_keys - s0 < 32 ? (int)(n_keys - s0) : 32;
+#pragma unroll 8 /* the value rows of 8 keys in flight: the loop is bound by their latency */
         for (int j = 0; j < nk; j++) {
             const float pj = __shfl_sync(0xffffffffu, p, j) * a.vscale;
             const char *vr = a.v + (s0 + j) * a.vs + voff;

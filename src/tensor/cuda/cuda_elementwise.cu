@@ -10,7 +10,9 @@
 
 /* ---------------------------------------------------------------- norms */
 
-#define NORM_THREADS 256
+/* A decode token's norm is one row on one block: its time is the chain of dependent loads and
+ * adds per thread, so a row is spread over as many threads as a block has. */
+#define NORM_THREADS 1024
 
 /* Block sum of a double; all threads get the total. */
 __device__ double block_sum_d(double v) {

@@ -2,9 +2,12 @@
  *
  * Promises: weights are read in their stored dtype and decoded in registers (F8 and the NVFP4
  * global scaled once per output, as on the CPU; NVFP4's E4M3 scale per 16 and MXFP8's E8M0 per 32
- * applied to each weight, so the result is the fp32 product with the dequantized weights - the
- * CPU instead quantizes activations to int8 for NVFP4); activations stay fp32. Dense paths, by rows T:
- *   T <= MM_GEMV_ROWS          a warp per weight row, all T rows at once (decode: weights read once,
+ * applied to each weight - the decode GEMV to each block's partial sum - so the result is the fp32
+ * product with the dequantized weights up to rounding; the CPU instead quantizes activations to
+ * int8 for NVFP4); activations stay fp32. Dense paths, by rows T:
+ *   T = 1, rows in 16 bytes    the decode GEMV (k_gemv1): x in shared memory, 4 weight rows per
+ *                              warp, K split over warps when N is small (see there)
+ *   T <= MM_GEMV_ROWS          a warp per weight row, all T rows at once (weights read once,
  *                              16 bytes per lane per load when rows are aligned)
  *   F32 weights, larger T      cublasSgemm (fp32, no TF32)
  *   BF16 weights, T >= 32      cublasGemmEx on tensor cores, once per bf16 term of x split in
@@ -13,7 +16,8 @@
  *   weights, otherwise         and K fit them (cu_gg_fits), dense and gathered
  *   otherwise                  a tiled SIMT kernel (64x64 tiles, fp32 FMA)
  * The gathered matmul, for at most MM_GATHER_GEMV_ROWS rows (a decode token's experts), runs the
- * GEMV with each row's expert looked up by its id; for more rows it sorts them by expert on the
+ * GEMV (k_gemv1 when rows load 16 bytes at a time) with each row's expert looked up by its id, all
+ * rows in one launch; for more rows it sorts them by expert on the
  * device (counting sort, one block) into tiles of
  * one expert each and runs the tiled kernel over them; every output row is computed by one thread
  * group in a fixed order, so results do not depend on the order rows land in a tile.
@@ -142,6 +146,224 @@ static void launch_gemv(cu_ctx *c, const cu_wexp &we, const cn_tensor *x, cn_ten
     else if (T == 2) k_gemv<DT, VEC, 2><<<blocks, 256, 0, c->stream>>>(we, xd, xs, yd, ys, T, K, N);
     else if (T <= 4) k_gemv<DT, VEC, 4><<<blocks, 256, 0, c->stream>>>(we, xd, xs, yd, ys, T, K, N);
     else k_gemv<DT, VEC, MM_GEMV_ROWS><<<blocks, 256, 0, c->stream>>>(we, xd, xs, yd, ys, T, K, N);
+}
+
+/* ---------------------------------------------------------------- GEMV of one x row */
+
+/* A decode token (one x row, dense or per gathered expert row) is a pure weight stream, so its
+ * kernel is built for bytes in flight and few instructions per weight byte:
+ *  - x is staged once per block in shared memory (any alignment, K <= MM_G1_MAXK), so the 8x more
+ *    x bytes than weight bytes of NVFP4 never go through L1 as scattered loads;
+ *  - a warp takes MM_G1_RW weight rows at once, every x value read is used for all of them, and
+ *    each lane keeps MM_G1_RW x U 16-byte weight loads in flight;
+ *  - x is stored swizzled (float4 f at f ^ (f / 8 mod Q), Q float4s per chunk), so the 8 lanes
+ *    of a shared memory phase, reading the same float4 of 8 consecutive chunks, hit distinct banks;
+ *  - small N splits K over S warps per row group (partials summed in a fixed order in shared
+ *    memory), so a 128-row router or a 256-row projection still fills the GPU;
+ *  - blocks loop over row groups (grid about 4 per SM), so x is staged a few times, not per row.
+ * Weights are decoded as mm_chunk_val does, but a block scale (NVFP4 per 16, MXFP8 per 32) is
+ * applied to the fp32 partial sum of its block's products rather than to each weight (one multiply
+ * per block instead of per weight; the same sum up to rounding); products are summed in fp32 per
+ * lane, then across lanes and split warps in a fixed order. */
+#define MM_G1_RW 4      /* weight rows per warp */
+#define MM_G1_MAXK 8192 /* x values staged in shared memory (32 KiB) */
+
+template <int DT>
+struct mm_g1 {
+    static constexpr int V = mm_vec<DT>::n;  /* weights per 16-byte chunk */
+    static constexpr int Q = V / 4;          /* float4s of x per chunk */
+    static constexpr int U = (DT == CN_NVFP4 || DT == CN_MXFP8) ? 1 : 2; /* chunks in flight */
+};
+
+/* Weights 4q..4q+3 of a 16-byte chunk as stored, without block scales (q is a constant). */
+template <int DT>
+__device__ __forceinline__ void mm_g1_dec4(const uint4 &raw, int q, const float *lut, float w[4]) {
+    if (DT == CN_F32) {
+        w[0] = __uint_as_float(raw.x);
+        w[1] = __uint_as_float(raw.y);
+        w[2] = __uint_as_float(raw.z);
+        w[3] = __uint_as_float(raw.w);
+    } else if (DT == CN_BF16 || DT == CN_F16) {
+        const unsigned lo = q ? raw.z : raw.x, hi = q ? raw.w : raw.y;
+        if (DT == CN_BF16) {
+            w[0] = __uint_as_float(lo << 16);
+            w[1] = __uint_as_float(lo & 0xffff0000u);
+            w[2] = __uint_as_float(hi << 16);
+            w[3] = __uint_as_float(hi & 0xffff0000u);
+        } else {
+            w[0] = __half2float(__ushort_as_half((unsigned short)(lo & 0xffffu)));
+            w[1] = __half2float(__ushort_as_half((unsigned short)(lo >> 16)));
+            w[2] = __half2float(__ushort_as_half((unsigned short)(hi & 0xffffu)));
+            w[3] = __half2float(__ushort_as_half((unsigned short)(hi >> 16)));
+        }
+    } else if (DT == CN_F8_E4M3 || DT == CN_MXFP8) {
+        const unsigned v = q == 0 ? raw.x : q == 1 ? raw.y : q == 2 ? raw.z : raw.w;
+#pragma unroll
+        for (int i = 0; i < 4; i++) w[i] = cu_e4m3((v >> (8 * i)) & 0xffu);
+    } else { /* NVFP4: 4 nibbles, half a 32-bit word */
+        const int wq = q >> 1;
+        const unsigned v = (wq == 0 ? raw.x : wq == 1 ? raw.y : wq == 2 ? raw.z : raw.w) >>
+                           ((q & 1) * 16);
+#pragma unroll
+        for (int i = 0; i < 4; i++) w[i] = lut[(v >> (4 * i)) & 15u];
+    }
+}
+
+/* 16 bytes of a weight row that is read once per token: not kept in L1. */
+__device__ __forceinline__ uint4 mm_g1_load(const char *p) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p));
+    return r;
+}
+
+/* y[r][n] = w.scale * dot(W_r[n], x_r) for blockIdx.y = r: dense (table NULL, one row) or the
+ * gathered rows of a decode token (W_r = table[ids[r]], rows <= MM_GATHER_GEMV_ROWS; every block
+ * checks all ids first and on a bad one block (0,0) sets *flag and nothing is written). */
+template <int DT>
+__global__ void __launch_bounds__(256, 2)
+    k_gemv1(cu_wexp dense, const cu_wexp *__restrict__ table, int n_w, const char *__restrict__ ids,
+            int64_t ids_s, int k, const char *__restrict__ x, int64_t xs, int x_per_token,
+            char *__restrict__ y, int64_t ys, int64_t K, int64_t N, int S, int rows, int *flag) {
+    constexpr int V = mm_g1<DT>::V, Q = mm_g1<DT>::Q, U = mm_g1<DT>::U, RW = MM_G1_RW;
+    /* BS: block-scaled; BQ: float4s of a chunk per block scale (NVFP4 4, MXFP8 the whole chunk) */
+    constexpr bool BS = DT == CN_NVFP4 || DT == CN_MXFP8;
+    constexpr int BQ = DT == CN_NVFP4 ? 4 : Q;
+    extern __shared__ float4 g1_x[]; /* [K / 4] */
+    __shared__ float lut[16];
+    __shared__ float part[8][RW];
+    const int tid = threadIdx.x, r = (int)blockIdx.y;
+    cu_wexp w = dense;
+    int64_t xrow = 0;
+    if (table) {
+        int bad = 0;
+        if (tid < rows) { /* rows <= MM_GATHER_GEMV_ROWS < blockDim.x */
+            const int e = ((const int32_t *)(ids + (int64_t)(tid / k) * ids_s))[tid % k];
+            bad = e < 0 || e >= n_w;
+        }
+        if (__syncthreads_or(bad)) {
+            if (tid == 0 && blockIdx.x == 0 && blockIdx.y == 0) *flag = 1;
+            return;
+        }
+        w = table[((const int32_t *)(ids + (int64_t)(r / k) * ids_s))[r % k]];
+        xrow = x_per_token ? r / k : r;
+    }
+    const float *xr = (const float *)(x + xrow * xs);
+    float *xsm = (float *)g1_x;
+    for (int64_t i = tid; i < K; i += blockDim.x) { /* float4 f at f ^ ((f / 8) mod Q) */
+        const int64_t f = i >> 2;
+        xsm[((f ^ ((f >> 3) & (Q - 1))) << 2) | (i & 3)] = xr[i];
+    }
+    if (DT == CN_NVFP4 && tid < 16) lut[tid] = cu_e2m1((unsigned)tid);
+    __syncthreads();
+    const int warp = tid >> 5, lane = tid & 31, G = 8 / S, g = warp / S, s = warp - g * S;
+    const int64_t n_groups = (N + RW - 1) / RW, nu = K / V, step = (int64_t)S * 32;
+    float *yr = (float *)(y + (int64_t)r * ys);
+    for (int64_t base = (int64_t)blockIdx.x * G; base < n_groups; base += (int64_t)gridDim.x * G) {
+        const int64_t grp = base + g;
+        float acc[RW];
+#pragma unroll
+        for (int i = 0; i < RW; i++) acc[i] = 0.0f;
+        if (grp < n_groups) {
+            const char *wr[RW];
+            const unsigned char *br[RW];
+#pragma unroll
+            for (int i = 0; i < RW; i++) { /* rows past N repeat row N - 1 and are not written */
+                const int64_t n = grp * RW + i < N ? grp * RW + i : N - 1;
+                wr[i] = w.data + n * w.stride;
+                br[i] = (DT == CN_NVFP4 || DT == CN_MXFP8) ? w.bs + n * w.bs_stride : NULL;
+            }
+            for (int64_t u = (int64_t)s * 32 + lane; u < nu; u += step * U) {
+                uint4 raw[U][RW];
+                float s0[U][RW], s1[U][RW];
+#pragma unroll
+                for (int j = 0; j < U; j++) {
+                    const int64_t uj = u + j * step;
+                    if (j && uj >= nu) break;
+#pragma unroll
+                    for (int i = 0; i < RW; i++) {
+                        raw[j][i] = mm_g1_load(wr[i] + uj * 16);
+                        s0[j][i] = s1[j][i] = 1.0f;
+                        if (DT == CN_NVFP4) {
+                            s0[j][i] = cu_e4m3(br[i][2 * uj]);
+                            s1[j][i] = cu_e4m3(br[i][2 * uj + 1]);
+                        } else if (DT == CN_MXFP8) {
+                            s0[j][i] = cu_e8m0(br[i][uj >> 1]);
+                        }
+                    }
+                }
+#pragma unroll
+                for (int j = 0; j < U; j++) {
+                    const int64_t uj = u + j * step;
+                    if (j && uj >= nu) break;
+                    const float4 *xu = g1_x + uj * Q;
+                    const int sw = (int)((uj * Q) >> 3) & (Q - 1); /* the staging's swizzle */
+                    float tb[RW]; /* a scale block's partial sums */
+#pragma unroll
+                    for (int q = 0; q < Q; q++) {
+                        const float4 xv = xu[q ^ sw];
+#pragma unroll
+                        for (int i = 0; i < RW; i++) {
+                            float wv[4];
+                            mm_g1_dec4<DT>(raw[j][i], q, lut, wv);
+                            if (BS) {
+                                if (q % BQ == 0) tb[i] = 0.0f;
+                                tb[i] = fmaf(wv[0], xv.x, tb[i]);
+                                tb[i] = fmaf(wv[1], xv.y, tb[i]);
+                                tb[i] = fmaf(wv[2], xv.z, tb[i]);
+                                tb[i] = fmaf(wv[3], xv.w, tb[i]);
+                                if (q % BQ == BQ - 1)
+                                    acc[i] = fmaf(tb[i], q < BQ ? s0[j][i] : s1[j][i], acc[i]);
+                            } else {
+                                acc[i] = fmaf(wv[0], xv.x, acc[i]);
+                                acc[i] = fmaf(wv[1], xv.y, acc[i]);
+                                acc[i] = fmaf(wv[2], xv.z, acc[i]);
+                                acc[i] = fmaf(wv[3], xv.w, acc[i]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < RW; i++) acc[i] = cu_warp_sum(acc[i]);
+        if (S == 1) {
+            if (lane == 0 && grp < n_groups)
+#pragma unroll
+                for (int i = 0; i < RW; i++)
+                    if (grp * RW + i < N) yr[grp * RW + i] = acc[i] * w.scale;
+        } else {
+            if (lane == 0)
+#pragma unroll
+                for (int i = 0; i < RW; i++) part[warp][i] = acc[i];
+            __syncthreads();
+            if (s == 0 && lane < RW && grp < n_groups && grp * RW + lane < N) {
+                float sum = part[warp][lane];
+                for (int j = 1; j < S; j++) sum += part[warp + j][lane];
+                yr[grp * RW + lane] = sum * w.scale;
+            }
+            __syncthreads();
+        }
+    }
+}
+
+/* Launches k_gemv1 over `rows` rows of y (grid.y) with the split and grid sized for the GPU. */
+template <int DT>
+static void launch_gemv1(cu_ctx *c, const cu_wexp &dense, const cu_wexp *table, int n_w,
+                         const cn_tensor *ids, int k, const cn_tensor *x, int x_per_token,
+                         cn_tensor *y, int64_t K, int64_t N, int rows) {
+    const int64_t n_groups = (N + MM_G1_RW - 1) / MM_G1_RW, want = (int64_t)c->n_sm * 32;
+    int S = 1;
+    while (S < 8 && rows * n_groups * S < want) S *= 2;
+    int64_t bx = (n_groups + 8 / S - 1) / (8 / S);
+    const int64_t cap = ((int64_t)c->n_sm * 4 + rows - 1) / rows;
+    if (bx > cap) bx = cap;
+    const dim3 grid((unsigned)bx, (unsigned)rows);
+    k_gemv1<DT><<<grid, 256, (size_t)K * sizeof(float), c->stream>>>(
+        dense, table, n_w, ids ? (const char *)ids->data : NULL, ids ? ids->stride[0] : 0, k,
+        (const char *)x->data, x->stride[0], x_per_token, (char *)y->data, y->stride[0], K, N, S,
+        rows, c->flag_dev);
 }
 
 /* Whether a weight's rows can be read 16 bytes at a time. */
@@ -320,7 +542,12 @@ int cu_matmul(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor *
     const int big = K <= INT32_MAX && N <= INT32_MAX && T <= INT32_MAX;
     if (T <= MM_GEMV_ROWS) {
         const cu_wexp we = mm_wexp(w);
-        if (mm_can_vec(w->dtype, w->data, w->stride[0], K)) {
+        const bool vec = mm_can_vec(w->dtype, w->data, w->stride[0], K);
+        if (T == 1 && vec && K <= MM_G1_MAXK) {
+            CU_DISPATCH_WQ(w->dtype, (launch_gemv1<DT>(c, we, NULL, 0, NULL, 1, x, 0, y, K, N, 1)));
+            return cu_launch_check("matmul (gemv1)");
+        }
+        if (vec) {
             CU_DISPATCH_WQ(w->dtype, (launch_gemv<DT, true>(c, we, x, y, (int)T, K, N)));
         } else {
             CU_DISPATCH_WQ(w->dtype, (launch_gemv<DT, false>(c, we, x, y, (int)T, K, N)));
@@ -504,7 +731,11 @@ int cu_matmul_gather(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, int
         for (int e = 0; e < n_w && vec; e++) vec = mm_can_vec(dt, w[e]->data, w[e]->stride[0], K);
         if ((rc = cu_flag_reset(c))) return rc;
         const dim3 grid((unsigned)((N + 7) / 8), (unsigned)rows);
-        if (vec) {
+        if (vec && K <= MM_G1_MAXK) {
+            const cu_wexp none = {NULL, 0, 1.0f, NULL, 0};
+            CU_DISPATCH_WQ(dt, (launch_gemv1<DT>(c, none, table, n_w, ids, (int)k, x,
+                                                 x->shape[0] == T, y, K, N, (int)rows)));
+        } else if (vec) {
             CU_DISPATCH_WQ(dt, (k_gather_gemv<DT, true><<<grid, 256, 0, c->stream>>>(
                                   table, n_w, (const char *)ids->data, ids->stride[0], (int)k,
                                   (const char *)x->data, x->stride[0], x->shape[0] == T,
