@@ -13,13 +13,14 @@
 #include "model/quantize.h"
 
 static const char kSynopsis[] =
-    "quantize --in DIR --out DIR --type nvfp4|mxfp8|fp8 [--keep PATTERN...] [--shard-size MB]";
+    "quantize --in DIR --out DIR --type nvfp4|mxfp8|fp8 [--keep PATTERN...] [--shard-size MB] [--threads N]";
 
 #define MAX_KEEP 64
 
 int cn_cmd_quantize(int argc, char **argv) {
     const char *in = NULL, *out = NULL, *type = NULL, *keep1 = NULL;
     uint64_t shard_mb = 0;
+    int threads = 0;
     cn_flag flags[] = {
         {"in", CN_FLAG_STR, &in, "DIR", "BF16/F32 checkpoint directory to read", 1, 0},
         {"out", CN_FLAG_STR, &out, "DIR", "directory to write (created if missing)", 1, 0},
@@ -27,6 +28,7 @@ int cn_cmd_quantize(int argc, char **argv) {
         {"keep", CN_FLAG_STR, &keep1, "PATTERN...",
          "module globs to keep as stored, besides the defaults (several, or comma-separated)", 0, 0},
         {"shard-size", CN_FLAG_U64, &shard_mb, "MB", "split weights into shards of at most MB MiB", 0, 0},
+        {"threads", CN_FLAG_INT, &threads, "N", "rows quantized in parallel (default: all cores)", 0, 0},
         {NULL, 0, NULL, NULL, NULL, 0, 0},
     };
     char *pos[MAX_KEEP];
@@ -39,7 +41,11 @@ int cn_cmd_quantize(int argc, char **argv) {
         cn_flags_usage(flags, kSynopsis, stderr);
         return 2;
     }
-    cn_quantize_opts o = {.in_dir = in, .out_dir = out, .shard_bytes = shard_mb << 20};
+    if (threads < 0) {
+        fprintf(stderr, "cairn: --threads must be >= 0\n");
+        return 2;
+    }
+    cn_quantize_opts o = {.in_dir = in, .out_dir = out, .shard_bytes = shard_mb << 20, .threads = threads};
     if (!strcmp(type, "nvfp4")) o.algo = CN_QALGO_NVFP4;
     else if (!strcmp(type, "mxfp8")) o.algo = CN_QALGO_MXFP8;
     else if (!strcmp(type, "fp8")) o.algo = CN_QALGO_FP8;

@@ -7,14 +7,17 @@
 #include <float.h>
 #include <limits.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/fp.h"
 #include "base/readfile.h"
 #include "base/log.h"
+#include "base/threadpool.h"
 #include "model/config.h"
 #include "model/safetensors.h"
 #include "model/st_writer.h"
@@ -100,8 +103,7 @@ typedef struct qctx {
     const cn_safetensors *st;
     out_tensor *outs; /* [declared] in declaration order */
     float *amax;      /* [n_src] per source tensor, -1 until computed */
-    float *row;       /* [K max] one source row as fp32 */
-    uint8_t *q, *s;   /* [K max], [K max / 16] one quantized row and its scales */
+    cn_pool *pool;    /* rows and amax slices run on it; NULL runs them inline */
     cn_err *err;
 } qctx;
 
@@ -126,17 +128,45 @@ static float src_value(const cn_st_tensor *t, int64_t i) {
     }
 }
 
+/* amax over slices of a tensor, each slice on a pool thread; `bad` is the first non-finite
+ * index of a slice (-1: none), so the error names the same element whatever the thread count. */
+#define AMAX_SLICES 64
+typedef struct amax_job {
+    const cn_st_tensor *t;
+    int64_t n;
+    float part[AMAX_SLICES];
+    int64_t bad[AMAX_SLICES];
+} amax_job;
+
+static void amax_task(void *vctx, int begin, int end) {
+    amax_job *j = vctx;
+    for (int p = begin; p < end; p++) {
+        int64_t i0 = j->n * p / AMAX_SLICES, i1 = j->n * (p + 1) / AMAX_SLICES;
+        float a = 0;
+        j->bad[p] = -1;
+        for (int64_t i = i0; i < i1; i++) {
+            float v = fabsf(src_value(j->t, i));
+            if (!(v <= FLT_MAX)) {
+                j->bad[p] = i;
+                break;
+            }
+            a = fmaxf(a, v);
+        }
+        j->part[p] = a;
+    }
+}
+
 static int tensor_amax(qctx *c, int src, float *out) {
     if (c->amax[src] < 0) {
-        const cn_st_tensor *t = cn_st_at(c->st, src);
-        int64_t n = t->shape[0] * t->shape[1];
+        amax_job j = {.t = cn_st_at(c->st, src)};
+        j.n = j.t->shape[0] * j.t->shape[1];
+        cn_pool_for(c->pool, AMAX_SLICES, 1, amax_task, &j);
         float a = 0;
-        for (int64_t i = 0; i < n; i++) {
-            float v = fabsf(src_value(t, i));
-            if (!(v <= FLT_MAX))
+        for (int p = 0; p < AMAX_SLICES; p++) {
+            if (j.bad[p] >= 0)
                 return cn_err_set(c->err, CN_ERANGE, "tensor %s holds a non-finite value at %lld",
-                                  t->name, (long long)i);
-            a = fmaxf(a, v);
+                                  j.t->name, (long long)j.bad[p]);
+            a = fmaxf(a, j.part[p]);
         }
         c->amax[src] = a;
     }
@@ -152,6 +182,59 @@ static int64_t part_row_bytes(part p, int64_t K) {
     case P_MX_S: return K / 32;
     default: return K;
     }
+}
+
+/* One chunk of a quantized part: the rows it touches, split over the pool. Each range quantizes
+ * whole rows into its own scratch and copies the chunk's bytes of them; rows are independent,
+ * so the output is the same for any thread count. */
+typedef struct fill_job {
+    const cn_st_tensor *t;
+    part part;
+    float g, fs;
+    int64_t K, rb, r0;        /* row bytes of the part, first row of the chunk */
+    uint64_t offset, nbytes;  /* the chunk within the part */
+    uint8_t *dst;
+    _Atomic int oom;
+} fill_job;
+
+static void fill_task(void *vctx, int begin, int end) {
+    fill_job *j = vctx;
+    const int64_t K = j->K;
+    float *row = malloc((size_t)K * sizeof *row);
+    uint8_t *q = malloc((size_t)K), *sc = malloc((size_t)K / 16 + 1);
+    if (!row || !q || !sc) {
+        j->oom = 1;
+        goto out;
+    }
+    for (int64_t r = j->r0 + begin; r < j->r0 + end; r++) {
+        for (int64_t k = 0; k < K; k++) row[k] = src_value(j->t, r * K + k);
+        const uint8_t *res;
+        switch (j->part) {
+        case P_NVFP4_W:
+        case P_NVFP4_S:
+            cn_quantize_nvfp4_row(row, K, j->g, q, sc);
+            res = j->part == P_NVFP4_W ? q : sc;
+            break;
+        case P_MX_W:
+        case P_MX_S:
+            cn_quantize_mxfp8_row(row, K, q, sc);
+            res = j->part == P_MX_W ? q : sc;
+            break;
+        default: /* P_FP8_W */
+            for (int64_t k = 0; k < K; k++) q[k] = cn_e4m3_encode(row[k] / j->fs);
+            res = q;
+            break;
+        }
+        /* the part of this row inside [offset, offset + nbytes) */
+        uint64_t rs = (uint64_t)(r * j->rb), re = rs + (uint64_t)j->rb;
+        uint64_t a = rs > j->offset ? rs : j->offset;
+        uint64_t b = re < j->offset + j->nbytes ? re : j->offset + j->nbytes;
+        memcpy(j->dst + (a - j->offset), res + (a - rs), b - a);
+    }
+out:
+    free(row);
+    free(q);
+    free(sc);
 }
 
 static int qfill(void *vctx, int index, const char *name, uint64_t offset, void *buf,
@@ -173,34 +256,15 @@ static int qfill(void *vctx, int index, const char *name, uint64_t offset, void 
         memcpy(buf, &v, 4);
         return CN_OK;
     }
-    const int64_t K = t->shape[1], rb = part_row_bytes(o->part, K);
-    uint8_t *dst = buf;
-    for (uint64_t done = 0; done < nbytes;) {
-        const int64_t r = (int64_t)((offset + done) / (uint64_t)rb);
-        const int64_t in_row = (int64_t)((offset + done) % (uint64_t)rb);
-        for (int64_t k = 0; k < K; k++) c->row[k] = src_value(t, r * K + k);
-        const uint8_t *res;
-        switch (o->part) {
-        case P_NVFP4_W:
-        case P_NVFP4_S:
-            cn_quantize_nvfp4_row(c->row, K, g, c->q, c->s);
-            res = o->part == P_NVFP4_W ? c->q : c->s;
-            break;
-        case P_MX_W:
-        case P_MX_S:
-            cn_quantize_mxfp8_row(c->row, K, c->q, c->s);
-            res = o->part == P_MX_W ? c->q : c->s;
-            break;
-        default: /* P_FP8_W */
-            for (int64_t k = 0; k < K; k++) c->q[k] = cn_e4m3_encode(c->row[k] / fs);
-            res = c->q;
-            break;
-        }
-        uint64_t n = (uint64_t)(rb - in_row);
-        if (n > nbytes - done) n = nbytes - done;
-        memcpy(dst + done, res + in_row, n);
-        done += n;
-    }
+    if (nbytes == 0) return CN_OK;
+    fill_job j = {.t = t, .part = o->part, .g = g, .fs = fs, .K = t->shape[1],
+                  .offset = offset, .nbytes = nbytes, .dst = buf};
+    j.rb = part_row_bytes(o->part, j.K);
+    j.r0 = (int64_t)(offset / (uint64_t)j.rb);
+    const int64_t r1 = (int64_t)((offset + nbytes - 1) / (uint64_t)j.rb) + 1;
+    atomic_init(&j.oom, 0);
+    cn_pool_for(c->pool, (int)(r1 - j.r0), 8, fill_task, &j);
+    if (atomic_load(&j.oom)) return cn_err_set(c->err, CN_ENOMEM, "out of memory");
     return CN_OK;
 }
 
@@ -407,7 +471,6 @@ int cn_quantize_dir(const cn_quantize_opts *o, cn_quantize_stats *stats, cn_err 
         goto done;
     }
     int n_out = 0;
-    int64_t kmax = 64;
     for (int i = 0; i < n_src; i++) {
         const cn_st_tensor *t = cn_st_at(st, i);
         char module[512], nm[600];
@@ -437,7 +500,6 @@ int cn_quantize_dir(const cn_quantize_opts *o, cn_quantize_stats *stats, cn_err 
         }
         stz.n_quantized++;
         const int64_t N = t->shape[0], K = t->shape[1];
-        if (K > kmax) kmax = K;
         int64_t sh[2] = {N, K};
         switch (o->algo) {
         case CN_QALGO_NVFP4:
@@ -469,10 +531,8 @@ int cn_quantize_dir(const cn_quantize_opts *o, cn_quantize_stats *stats, cn_err 
             break;
         }
     }
-    c.row = malloc((size_t)kmax * sizeof *c.row);
-    c.q = malloc((size_t)kmax);
-    c.s = malloc((size_t)kmax / 16 + 1);
-    if (!c.row || !c.q || !c.s) goto oom;
+    int n_threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (n_threads > 1 && !(c.pool = cn_pool_create(n_threads))) goto oom;
     stz.bytes_out = cn_st_writer_total_bytes(w);
     if ((rc = cn_st_writer_write(w, o->out_dir, o->shard_bytes, qfill, &c, err))) goto done;
     if ((rc = copy_side_files(o->in_dir, o->out_dir, err))) goto done;
@@ -484,9 +544,7 @@ oom:
 done:
     free(c.outs);
     free(c.amax);
-    free(c.row);
-    free(c.q);
-    free(c.s);
+    cn_pool_free(c.pool);
     sl_free(&keep);
     cn_st_writer_free(w);
     if (st) cn_st_close(st);

@@ -5,7 +5,9 @@
  * files (tokenizer, chat template, generation config, ...) are copied, config.json gains a
  * `quantization_config` and hf_quant_config.json is written (quant_config.h reads both back).
  * Tensors go through the streaming writer (st_writer.h): memory stays bounded by one row of the
- * largest matrix plus the writer's chunk, whatever the model size.
+ * largest matrix per thread plus the writer's chunk, whatever the model size. The rows of a chunk
+ * are quantized on a thread pool (o->threads); every row is independent, so the files are the
+ * same byte for byte whatever the thread count.
  *
  * Formats written (per module X, weight [N, K]):
  *  (1) NVFP4: X.weight U8 [N, K/2] (E2M1 pairs, low nibble = even column), X.weight_scale
@@ -44,6 +46,7 @@ typedef struct cn_quantize_opts {
     const char *const *keep;   /* extra module globs to keep as stored */
     int n_keep;
     uint64_t shard_bytes;      /* 0: one model.safetensors */
+    int threads;               /* rows quantized in parallel; 0: every online core */
 } cn_quantize_opts;
 
 typedef struct cn_quantize_stats {

@@ -292,10 +292,13 @@ static int write_shard(const char *path, const st_decl *t, const int *idx, int n
         const st_decl *d = &t[idx[k]];
         for (uint64_t off = 0; off < d->nbytes; off += CN_ST_CHUNK) {
             uint64_t len = d->nbytes - off < CN_ST_CHUNK ? d->nbytes - off : CN_ST_CHUNK;
+            cn_err_clear(err); /* so that a message the callback leaves is told from none */
             rc = fill(ctx, idx[k], d->name, off, buf, len);
             if (rc != CN_OK) {
-                cn_err_set(err, rc, "%s: producing tensor %s failed: %s", path, d->name,
-                           cn_strerror(rc));
+                char why[CN_ERR_MSG_MAX];
+                snprintf(why, sizeof why, "%s",
+                         err && err->code == rc && err->msg[0] ? err->msg : cn_strerror(rc));
+                cn_err_set(err, rc, "%s: producing tensor %s failed: %s", path, d->name, why);
                 goto done;
             }
             errno = 0;

@@ -63,8 +63,9 @@ int cn_st_writer_plan(const cn_st_writer *w, uint64_t max_shard_bytes);
  * `model.safetensors`; otherwise tensors are split into `model-0000i-of-0000n.safetensors` plus
  * `model.safetensors.index.json` (a single shard is still written as `model.safetensors`, as
  * transformers does). Returns 0; CN_EIO naming the path when a file cannot be created, written
- * (disk full included), closed or renamed; the fill callback's code (message naming the tensor)
- * if it fails; CN_ENOMEM. See invariant (3) for what an error leaves behind. */
+ * (disk full included), closed or renamed; the fill callback's code if it fails, with a message
+ * naming the tensor and then the callback's own (a callback that reports through this same `err`
+ * keeps its message; otherwise the code's description); CN_ENOMEM. See invariant (3) for what an error leaves behind. */
 int cn_st_writer_write(cn_st_writer *w, const char *dir, uint64_t max_shard_bytes,
                        cn_st_fill_fn fill, void *ctx, cn_err *err);
 

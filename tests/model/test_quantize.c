@@ -27,6 +27,8 @@
 
 #include <cjson/cJSON.h>
 #include <math.h>
+#include <string.h>
+#include <unistd.h>
 
 #include "base/fp.h"
 #include "model/model.h"
@@ -306,7 +308,7 @@ static int setup(void **state) {
     for (int i = 0; i < 3; i++) {
         g_dir[i] = tu_mkdtemp("quant");
         if (!g_dir[i]) return -1;
-        cn_quantize_opts o = {.in_dir = g_src, .out_dir = g_dir[i], .algo = k_algos[i]};
+        cn_quantize_opts o = {.in_dir = g_src, .out_dir = g_dir[i], .algo = k_algos[i], .threads = 3};
         cn_err err;
         cn_err_clear(&err);
         if (cn_quantize_dir(&o, NULL, &err)) {
@@ -556,6 +558,79 @@ static void test_loader_defects(void **state) {
     expect_variant(2, &fp8_s, 1, NULL, 0, CN_ENOTENSOR, EXPERT "_scale", "F8");
 }
 
+/* Rows are quantized on a pool: one thread writes the same bytes as three (setup's). A non-finite
+ * weight is named with its element whatever the thread count, and nothing is written over. */
+static void test_threads_and_nonfinite(void **state) {
+    (void)state;
+    char a[700], b[700];
+    for (int i = 0; i < 3; i++) {
+        char *dir = tu_mkdtemp("quant1");
+        assert_non_null(dir);
+        cn_quantize_opts o = {.in_dir = g_src, .out_dir = dir, .algo = k_algos[i], .threads = 1};
+        cn_err err;
+        cn_err_clear(&err);
+        assert_int_equal(cn_quantize_dir(&o, NULL, &err), CN_OK);
+        snprintf(a, sizeof a, "%s/model.safetensors", dir);
+        snprintf(b, sizeof b, "%s/model.safetensors", g_dir[i]);
+        size_t na = 0, nb = 0;
+        char *da = tu_read_file(a, &na), *db = tu_read_file(b, &nb);
+        assert_non_null(da);
+        assert_non_null(db);
+        assert_int_equal(na, nb);
+        assert_memory_equal(da, db, na);
+        free(da);
+        free(db);
+        tu_rmtree(dir);
+        free(dir);
+    }
+    /* a NaN at element (3, 5) of an expert's up_proj, in a copy of the source */
+    char *src = tu_mkdtemp("quantnan");
+    assert_non_null(src);
+    copy_file(g_src, src, "config.json");
+    snprintf(a, sizeof a, "%s/model.safetensors", g_src);
+    size_t n = 0;
+    char *data = tu_read_file(a, &n);
+    assert_non_null(data);
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = hl << 8 | (uint8_t)data[i];
+    cJSON *h = cJSON_ParseWithLength(data + 8, (size_t)hl);
+    assert_non_null(h);
+    const char *name = "backbone.layers.2.mixer.experts.1.up_proj.weight";
+    cJSON *t = cJSON_GetObjectItem(h, name);
+    assert_non_null(t);
+    cJSON *shape = cJSON_GetObjectItem(t, "shape");
+    int64_t K = (int64_t)cJSON_GetArrayItem(shape, 1)->valuedouble;
+    size_t at = 8 + (size_t)hl +
+                (size_t)cJSON_GetArrayItem(cJSON_GetObjectItem(t, "data_offsets"), 0)->valuedouble +
+                (size_t)(3 * K + 5) * 4;
+    cJSON_Delete(h);
+    float nan = NAN;
+    memcpy(data + at, &nan, 4);
+    snprintf(b, sizeof b, "%s/model.safetensors", src);
+    FILE *f = fopen(b, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, n, f), n);
+    fclose(f);
+    free(data);
+    char want[300];
+    snprintf(want, sizeof want, "tensor %s holds a non-finite value at %lld", name, (long long)(3 * K + 5));
+    for (int threads = 1; threads <= 3; threads += 2) {
+        char *dir = tu_mkdtemp("quantnanout");
+        assert_non_null(dir);
+        cn_quantize_opts o = {.in_dir = src, .out_dir = dir, .algo = CN_QALGO_NVFP4, .threads = threads};
+        cn_err err;
+        cn_err_clear(&err);
+        assert_int_equal(cn_quantize_dir(&o, NULL, &err), CN_ERANGE);
+        if (!strstr(err.msg, want)) fail_msg("message '%s' lacks '%s'", err.msg, want);
+        snprintf(a, sizeof a, "%s/model.safetensors", dir);
+        assert_int_not_equal(access(a, F_OK), 0);
+        tu_rmtree(dir);
+        free(dir);
+    }
+    tu_rmtree(src);
+    free(src);
+}
+
 static void test_refuses_quantized_input(void **state) {
     (void)state;
     char *out = tu_mkdtemp("requant");
@@ -578,6 +653,7 @@ int main(void) {
         cmocka_unit_test(test_logits),
         cmocka_unit_test(test_loader_defects),
         cmocka_unit_test(test_refuses_quantized_input),
+        cmocka_unit_test(test_threads_and_nonfinite),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
