@@ -14,10 +14,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
 #include "base/fp.h"
+#include "base/threadpool.h"
 #include "model/nano3_template.h"
 #include "model/st_writer.h"
 
@@ -419,36 +421,44 @@ typedef struct fill_ctx {
     const synth_model *m;
     uint64_t seed;
     float e4m3_pos[127]; /* value of code c, c = 0..126 */
+    cn_pool *pool;       /* elements are independent: a chunk is split over it (NULL: inline) */
 } fill_ctx;
+
+typedef struct fill_job {
+    const fill_ctx *c;
+    const synth_spec *s;
+    uint64_t key, i0, n; /* the chunk: elements [i0, i0 + n) of the tensor */
+    void *buf;
+} fill_job;
+
+#define FILL_BLOCK 4096 /* elements per pool item */
+
+static void fill_task(void *vctx, int begin, int end) {
+    const fill_job *j = vctx;
+    const synth_spec *s = j->s;
+    uint64_t k0 = (uint64_t)begin * FILL_BLOCK, k1 = (uint64_t)end * FILL_BLOCK;
+    if (k1 > j->n) k1 = j->n;
+    for (uint64_t k = k0; k < k1; k++) {
+        float v = spec_value(s, j->key, j->i0 + k);
+        switch (s->dtype) {
+        case CN_F32: ((float *)j->buf)[k] = v; break;
+        case CN_BF16: ((uint16_t *)j->buf)[k] = cn_f32_to_bf16(v); break;
+        default: ((uint8_t *)j->buf)[k] = e4m3_encode(j->c->e4m3_pos, v / s->fp8_scale); break;
+        }
+    }
+}
 
 static int synth_fill(void *vctx, int index, const char *name, uint64_t offset, void *buf,
                       uint64_t nbytes) {
     (void)name;
     const fill_ctx *c = vctx;
     const synth_spec *s = &c->m->specs[index];
-    uint64_t key = tensor_key(c->seed, s->name);
+    if (s->dtype != CN_F32 && s->dtype != CN_BF16 && s->dtype != CN_F8_E4M3) return CN_EDTYPE;
     size_t esz = cn_dtype_size(s->dtype);
-    uint64_t i0 = offset / esz, n = nbytes / esz;
-    switch (s->dtype) {
-    case CN_F32: {
-        float *o = buf;
-        for (uint64_t k = 0; k < n; k++) o[k] = spec_value(s, key, i0 + k);
-        return CN_OK;
-    }
-    case CN_BF16: {
-        uint16_t *o = buf;
-        for (uint64_t k = 0; k < n; k++) o[k] = cn_f32_to_bf16(spec_value(s, key, i0 + k));
-        return CN_OK;
-    }
-    case CN_F8_E4M3: {
-        uint8_t *o = buf;
-        for (uint64_t k = 0; k < n; k++)
-            o[k] = e4m3_encode(c->e4m3_pos, spec_value(s, key, i0 + k) / s->fp8_scale);
-        return CN_OK;
-    }
-    default:
-        return CN_EDTYPE;
-    }
+    fill_job j = {.c = c, .s = s, .key = tensor_key(c->seed, s->name), .i0 = offset / esz,
+                  .n = nbytes / esz, .buf = buf};
+    cn_pool_for(c->pool, (int)((j.n + FILL_BLOCK - 1) / FILL_BLOCK), 4, fill_task, &j);
+    return CN_OK;
 }
 
 /* ---- JSON files ----------------------------------------------------------------------------- */
@@ -671,6 +681,12 @@ int cn_synth_write(const char *dir, const cn_synth_opts *o, cn_err *err) {
     }
     fc->m = &m;
     fc->seed = o->seed;
+    fc->pool = NULL;
+    int n_threads = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (n_threads > 1 && !(fc->pool = cn_pool_create(n_threads))) {
+        rc = cn_err_set(err, CN_ENOMEM, "synth: out of memory");
+        goto done;
+    }
     for (int c = 0; c < 127; c++) fc->e4m3_pos[c] = cn_e4m3_to_f32((uint8_t)c);
     if ((rc = cn_st_writer_new(&w, err)) != CN_OK) goto done;
     for (int i = 0; i < m.n; i++) {
@@ -693,6 +709,7 @@ int cn_synth_write(const char *dir, const cn_synth_opts *o, cn_err *err) {
     rc = write_json(dir, "config.json", config_json(&m), err);
 done:
     free(tok);
+    if (fc) cn_pool_free(fc->pool);
     free(fc);
     cn_st_writer_free(w);
     model_free(&m);

@@ -40,6 +40,7 @@ typedef struct cn_synth_opts {
     int sliding_window;   /* W of the S layers (0: 16); written only when the pattern has one */
     cn_dtype dtype;       /* CN_BF16 (default), CN_F32 or CN_F8_E4M3 */
     uint64_t shard_bytes; /* 0: one model.safetensors; else the max bytes per shard */
+    int threads;          /* weights generated in parallel (same bytes for any count); 0: all cores */
 } cn_synth_opts;
 
 /* What a write produces; filled by cn_synth_describe without writing anything. */
