@@ -399,10 +399,10 @@ A5_IN void a5_block(int dt, int R, int NR, const cpu_wmat *w, const float *const
             for (int j = 0; j < NR; j++) acc[r][j] = _mm512_fmadd_ps(wv[j], xv, acc[r][j]);
         }
     }
-    if (K16 == K && R * NR % 8 == 0) { /* every block of the tile paths but the last columns */
+    if (K16 == K) { /* no tail: eight sums at a time while they fill a vector, then one by one */
         const __m256 sc = _mm256_set1_ps(w->scale);
-        for (int i = 0; i < R * NR; i += 8) {
-            /* 8 accumulators in (row, column) order: 8 columns of one row, or 4 of two */
+        int i = 0;
+        for (; i + 8 <= R * NR; i += 8) { /* 8 columns of one row (NR 8) or 4 of two (NR 4) */
             __m256 v = a5_hsum8(acc[i / NR][i % NR], acc[(i + 1) / NR][(i + 1) % NR],
                                 acc[(i + 2) / NR][(i + 2) % NR], acc[(i + 3) / NR][(i + 3) % NR],
                                 acc[(i + 4) / NR][(i + 4) % NR], acc[(i + 5) / NR][(i + 5) % NR],
@@ -415,6 +415,7 @@ A5_IN void a5_block(int dt, int R, int NR, const cpu_wmat *w, const float *const
                 _mm_storeu_ps(yr[i / NR + 1] + n, _mm256_extractf128_ps(v, 1));
             }
         }
+        for (; i < R * NR; i++) yr[i / NR][n + i % NR] = a5_hsum(acc[i / NR][i % NR]) * w->scale;
         return;
     }
     for (int r = 0; r < R; r++)
