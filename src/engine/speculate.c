@@ -5,16 +5,18 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "base/error.h"
 #include "model/config.h"
 
-#define EWMA 0.2           /* weight of a new observation */
+#define EWMA 0.2           /* weight of a new round in the acceptance estimates */
 #define ACC_PRIOR 0.6      /* acceptance assumed before any round: optimistic, so it is tried */
 #define PROBE_FIRST 4      /* plain steps of the first park */
 #define PROBE_MAX 512      /* the longest park */
 #define PROBE_DEPTH 1      /* a probe drafts one: the first position gates all the others */
 #define REMEASURE 64       /* rounds between plain steps that re-measure the baseline (load moves) */
+#define PLAIN_FIRST 3      /* plain steps before the first round: a median needs three */
 
 /* ---- open / close ----------------------------------------------------------------------------- */
 
@@ -90,6 +92,7 @@ void cn_spec_close(cn_spec *sp) {
 void cn_spec_begin(cn_spec *sp) {
     drop_caps(sp);
     sp->n_pend = 0;
+    sp->round_pend = 0;
     sp->last_at = -1;
 }
 
@@ -112,6 +115,7 @@ static int forward_pending(cn_spec *sp, int k) {
                                    sp->last_hidden);
     if (rc) return rc;
     sp->last_at = sp->draft->offset;
+    sp->round_pend = sp->round_pend > k ? sp->round_pend - k : 0;
     memmove(sp->pend_h, sp->pend_h + (size_t)k * H, (size_t)(sp->n_pend - k) * H * sizeof(float));
     memmove(sp->pend_next, sp->pend_next + k, (size_t)(sp->n_pend - k) * sizeof(int32_t));
     sp->n_pend -= k;
@@ -153,6 +157,12 @@ void cn_spec_close_pair(cn_spec *sp, int32_t next) {
 }
 
 /* ---- the round ---------------------------------------------------------------------------------- */
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
 
 /* Drafts d tokens: the flush's last row proposes d1, then the head runs on its own output. Each
  * draft is the sampler's choice from the head's logits (q filled for sampling). The speculative
@@ -198,7 +208,12 @@ int cn_spec_round(cn_spec *sp, cn_state *live, cn_sampler *smp, int32_t cur, int
     sp->n_out = sp->n_acc = 0;
     /* LEVEL: the newest pending slot is (hidden P-1, cur); flushing it proposes d1. */
     cn_spec_close_pair(sp, cur);
+    /* The flush's share for slots that plain steps queued is theirs (speculate.h: the controller) */
+    int n_flush = known(sp), n_catchup = n_flush - sp->round_pend;
+    double t0 = now_ms();
     if ((rc = cn_spec_flush(sp))) return rc;
+    sp->ctl.catchup_n = n_catchup > 0 ? n_catchup : 0;
+    sp->ctl.catchup_ms = n_catchup > 0 ? (now_ms() - t0) * n_catchup / n_flush : 0;
     if (sp->draft->offset != live->offset || sp->last_at != live->offset) return CN_EINVAL;
     if ((rc = propose(sp, smp, depth, greedy))) return rc;
     if ((rc = ensure_caps(sp, live, depth))) return rc;
@@ -268,7 +283,9 @@ int cn_spec_commit(cn_spec *sp, cn_state *live, int keep) {
     drop_caps(sp);
     if (rc || keep < 0) return rc;
     /* Draft slots P..P+keep from the target's hiddens: accepted or not, no speculative row stays. */
-    return cn_spec_feed(sp, sp->vhidden, sp->out, keep + 1, 1);
+    rc = cn_spec_feed(sp, sp->vhidden, sp->out, keep + 1, 1);
+    sp->round_pend = sp->n_pend; /* the round flushed every slot before these */
+    return rc;
 }
 
 /* ---- the depth controller ----------------------------------------------------------------------- */
@@ -283,12 +300,27 @@ static double expected(const cn_spec_ctl *c, int d) {
     return e;
 }
 
-static int best_depth(const cn_spec_ctl *c, int budget) {
+/* Records v; returns the median of the window. */
+static double observe(cn_spec_obs *o, double v) {
+    o->v[o->n % CN_SPEC_CTL_WIN] = v;
+    if (++o->n == 2 * CN_SPEC_CTL_WIN) o->n = CN_SPEC_CTL_WIN; /* same slot order, no overflow */
+    int n = o->n < CN_SPEC_CTL_WIN ? o->n : CN_SPEC_CTL_WIN;
+    double s[CN_SPEC_CTL_WIN];
+    for (int i = 0; i < n; i++) { /* insertion sort: at most 15 values */
+        double x = o->v[i];
+        int j = i;
+        for (; j > 0 && s[j - 1] > x; j--) s[j] = s[j - 1];
+        s[j] = x;
+    }
+    return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+}
+
+/* The best depth for extra ms per draft (0: plain decoding). */
+static int best_depth_at(const cn_spec_ctl *c, int budget, double extra) {
     double a = c->plain_ms > 0 ? c->plain_ms : 1.0;
-    double b = c->has_extra ? c->extra_ms : 0.3 * a; /* a draft costs a third of a step, at first */
-    if (b < 0) b = 0;
+    double b = extra < 0 ? 0 : extra;
     int best = 0;
-    double best_rate = 1.0 / a;
+    double best_rate = 1.0 / (a + c->head_ms); /* a plain step also owes its draft slot */
     for (int d = 1; d <= c->max_depth && d <= budget; d++) {
         double rate = expected(c, d) / (a + b * d);
         if (rate > best_rate * 1.0001) {
@@ -299,13 +331,20 @@ static int best_depth(const cn_spec_ctl *c, int budget) {
     return best;
 }
 
+static int best_depth(const cn_spec_ctl *c, int budget) {
+    /* a draft costs a third of a step, at first */
+    double b = c->has_extra ? c->extra_ms : 0.3 * (c->plain_ms > 0 ? c->plain_ms : 1.0);
+    return best_depth_at(c, budget, b);
+}
+
 int cn_spec_ctl_pick(cn_spec_ctl *c, int budget) {
     if (budget <= 0) return 0;
     int cap = budget < c->max_depth ? budget : c->max_depth;
     if (c->fixed) return cap;
     /* Without a measured plain step the rounds' cost has nothing to be set against: the extra
-     * cost per draft would stay a guess (a third of a step) that makes deep drafts look cheap. */
-    if (c->plain_ms <= 0 || c->since_plain >= REMEASURE) return 0;
+     * cost per draft would stay a guess (a third of a step) that makes deep drafts look cheap.
+     * One measurement is not enough: if it was preempted, every round would look free. */
+    if (c->plain.n < PLAIN_FIRST || c->since_plain >= REMEASURE) return 0;
     if (c->parked) {
         if (c->park_left > 0) {
             c->park_left--;
@@ -323,7 +362,7 @@ int cn_spec_ctl_pick(cn_spec_ctl *c, int budget) {
 
 void cn_spec_ctl_plain(cn_spec_ctl *c, double ms) {
     c->since_plain = 0;
-    c->plain_ms = c->plain_ms > 0 ? (1 - EWMA) * c->plain_ms + EWMA * ms : ms;
+    c->plain_ms = observe(&c->plain, ms);
 }
 
 void cn_spec_ctl_round(cn_spec_ctl *c, int depth, int accepted, double ms) {
@@ -331,19 +370,24 @@ void cn_spec_ctl_round(cn_spec_ctl *c, int depth, int accepted, double ms) {
     /* acceptance of position j is conditional on the drafts before it being kept */
     for (int j = 0; j < depth && j <= accepted; j++)
         c->acc[j] = (1 - EWMA) * c->acc[j] + EWMA * (j < accepted ? 1.0 : 0.0);
-    if (c->plain_ms > 0 && depth > 0 && !c->skip_cost) {
-        double extra = (ms - c->plain_ms) / depth;
-        /* a probe's own measurement decides: the estimate that parked speculation may be stale
-         * (the machine's load moves) */
-        c->extra_ms = c->has_extra && !c->parked ? (1 - EWMA) * c->extra_ms + EWMA * extra : extra;
+    double extra = 0;
+    int measured = c->plain_ms > 0 && depth > 0 && !c->skip_cost;
+    if (measured) {
+        if (c->catchup_n > 0) c->head_ms = observe(&c->head, c->catchup_ms / c->catchup_n);
+        extra = (ms - c->catchup_ms - c->plain_ms) / depth;
+        c->extra_ms = observe(&c->extra, extra);
         c->has_extra = 1;
     }
     c->skip_cost = 0;
+    c->catchup_ms = 0;
+    c->catchup_n = 0;
     if (c->fixed) return;
     if (c->parked) {
-        /* the probe decides: resume, or park twice as long */
+        /* the probe decides: resume, or park twice as long. The estimate that parked speculation
+         * may be stale (the machine's load moves), so a probe cheaper than it speaks for itself. */
         int cap = c->max_depth;
-        if (best_depth(c, cap) > 0) {
+        double b = measured && extra < c->extra_ms ? extra : c->extra_ms;
+        if (best_depth_at(c, cap, b) > 0) {
             c->parked = 0;
             c->backoff = PROBE_FIRST;
         } else {

@@ -62,17 +62,37 @@
  * cache is kept level as usual. Return nonzero to fail the round. */
 typedef int (*cn_spec_test_oracle_fn)(void *ctx, int position, int depth, int32_t *tokens);
 
-/* The depth controller: acceptance per draft position and round cost, tracked as EWMAs across
- * requests; picks the depth that maximises committed tokens per millisecond, parks at 0 (plain
- * decoding) when speculation does not pay and probes again after a back-off that doubles up to
- * 512 plain steps. A plain step is taken first and after every 64 rounds so that the cost of a
- * round is always set against a measured plain step. */
+/* The depth controller: acceptance per draft position as EWMAs; a plain step's cost, a round's
+ * cost per draft beyond a plain step and the draft head's cost per slot as medians of their last
+ * CN_SPEC_CTL_WIN observations, across requests. It picks the depth that maximises committed
+ * tokens per millisecond, parks at 0 (plain decoding) when speculation does not pay and probes
+ * again after a back-off that doubles up to 512 plain steps. Three plain steps are taken first
+ * and one after every 64 rounds so that the cost of a round is always set against measured plain
+ * steps.
+ *
+ * Why medians: on a shared machine a step of a millisecond is now and then preempted for a
+ * scheduler quantum (5-10 ms); one such observation moved an EWMA enough to park speculation for
+ * hundreds of steps. A median ignores the outliers while following a lasting change of load.
+ * Why the head's cost per slot: plain steps queue their draft slots and a later round flushes
+ * them (the catch-up); that work is the plain steps' (plain decoding with a drafter pays it
+ * anyway), so it is taken out of the round's cost and added to the plain step's. */
+#define CN_SPEC_CTL_WIN 15
+
+typedef struct cn_spec_obs {
+    double v[CN_SPEC_CTL_WIN];          /* the last observations, a ring */
+    int n;                              /* observations so far (the ring holds min(n, WIN)) */
+} cn_spec_obs;
+
 typedef struct cn_spec_ctl {
     int max_depth;                      /* 1..CN_SPEC_MAX_DEPTH */
     int fixed;                          /* 1: always max_depth (tests, benchmarks) */
     double acc[CN_SPEC_MAX_DEPTH];      /* P(draft j kept | drafts before it kept) */
-    double plain_ms;                    /* EWMA of a plain decode step; 0 until measured */
-    double extra_ms;                    /* EWMA of a round's cost per draft beyond a plain step */
+    cn_spec_obs plain;                  /* ms of a plain step */
+    cn_spec_obs extra;                  /* ms of a round per draft beyond a plain step */
+    cn_spec_obs head;                   /* ms of the head per catch-up slot */
+    double plain_ms;                    /* median of `plain`; 0 until measured */
+    double extra_ms;                    /* median of `extra` */
+    double head_ms;                     /* median of `head`; 0 until measured */
     int has_extra;
     int parked;                         /* 1: plain decoding until park_left runs out */
     int park_left;                      /* plain steps before the next probe */
@@ -80,6 +100,9 @@ typedef struct cn_spec_ctl {
     int since_plain;                    /* rounds since the last plain step */
     int skip_cost;                      /* 1: the round in flight allocated (its time is not
                                          * a round's cost) */
+    double catchup_ms;                  /* of the round in flight: its flush's time spent on
+                                         * slots plain steps queued, and their count */
+    int catchup_n;
 } cn_spec_ctl;
 
 typedef struct cn_spec {
@@ -90,6 +113,8 @@ typedef struct cn_spec {
     float *pend_h;                      /* [cap_pend][H] target hidden of each */
     int32_t *pend_next;                 /* [cap_pend] token after each; -1 until known (last only) */
     int n_pend, cap_pend;
+    int round_pend;                     /* the oldest pending slots a round's commit queued
+                                         * (the rest were queued by plain steps or a prefill) */
     float *last_logits;                 /* [V] head logits of the last slot flushed */
     float *last_hidden;                 /* [H] head output (pre-norm) of the last slot flushed */
     int last_at;                        /* draft offset just after that slot; -1: none */

@@ -1,13 +1,21 @@
 /* test_threadpool.c - cn_pool_for hands every item to fn exactly once, for any pool size, grain
- * and n, across many back-to-back loops (the case where a late worker could touch the next loop). */
+ * and n, across many back-to-back loops (the case where a late worker could touch the next loop),
+ * and across the pool's waits: loops published to workers that stopped spinning and fell asleep,
+ * loops whose ranges outlast the caller's spin (it sleeps and must be woken), workers much slower
+ * than the caller (the pool may then run loops on the caller alone for a while, and back), and a
+ * pool freed while its workers sleep or spin. A lost wake-up hangs: an alarm turns a hang into a
+ * failure. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "base/threadpool.h"
 
@@ -105,12 +113,87 @@ static void test_many_back_to_back_loops(void **state) {
     cn_pool_free(p);
 }
 
+/* Sleeps for ms milliseconds: far longer than the pool's spin (tens of microseconds). */
+static void nap(int ms) {
+    struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts)) {
+    }
+}
+
+static void slow_fn(void *arg, int begin, int end) {
+    nap(2);
+    count_fn(arg, begin, end);
+}
+
+static void test_loops_after_workers_sleep(void **state) {
+    (void)state;
+    for (int nt = 2; nt <= 4; nt++) {
+        cn_pool *p = cn_pool_create(nt);
+        assert_non_null(p);
+        for (int l = 0; l < 20; l++) {
+            nap(l % 2 ? 1 : 3); /* workers give up spinning and sleep */
+            run_and_check(p, 64 + l, 1);
+        }
+        nap(3);
+        cn_pool_free(p); /* frees sleeping workers */
+    }
+}
+
+static void test_caller_waits_out_slow_ranges(void **state) {
+    (void)state;
+    cn_pool *p = cn_pool_create(3);
+    assert_non_null(p);
+    for (int l = 0; l < 10; l++) {
+        count_ctx c = {.n = 12};
+        c.hits = calloc(12, sizeof *c.hits);
+        assert_non_null(c.hits);
+        atomic_init(&c.calls, 0);
+        cn_pool_for(p, 12, 1, slow_fn, &c); /* ranges of 2 ms: the caller sleeps, then is woken */
+        for (int i = 0; i < 12; i++) assert_int_equal(atomic_load(&c.hits[i]), 1);
+        assert_int_equal(c.bad_range, 0);
+        free(c.hits);
+        run_and_check(p, 100, 1); /* and the next loop starts from that state */
+    }
+    cn_pool_free(p); /* frees spinning workers */
+}
+
+static pthread_t g_caller;
+
+/* Ranges run by a worker take 1 ms, the caller's none: the loops look like a preempted worker's. */
+static void slow_worker_fn(void *arg, int begin, int end) {
+    if (!pthread_equal(pthread_self(), g_caller)) nap(1);
+    count_fn(arg, begin, end);
+}
+
+static void test_slow_workers(void **state) {
+    (void)state;
+    g_caller = pthread_self();
+    cn_pool *p = cn_pool_create(2);
+    assert_non_null(p);
+    for (int l = 0; l < 300; l++) {
+        int n = 16 + l % 5;
+        count_ctx c = {.n = n};
+        c.hits = calloc((size_t)n, sizeof *c.hits);
+        assert_non_null(c.hits);
+        atomic_init(&c.calls, 0);
+        cn_pool_for(p, n, 1, l < 200 ? slow_worker_fn : count_fn, &c);
+        for (int i = 0; i < n; i++) assert_int_equal(atomic_load(&c.hits[i]), 1);
+        assert_int_equal(c.bad_range, 0);
+        free(c.hits);
+    }
+    cn_pool_free(p);
+}
+
 int main(void) {
+    alarm(120); /* a lost wake-up hangs: fail instead of waiting for ctest's timeout */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_null_and_single_pool_run_inline),
         cmocka_unit_test(test_every_item_once),
         cmocka_unit_test(test_grain_larger_than_n_is_one_call),
         cmocka_unit_test(test_many_back_to_back_loops),
+        cmocka_unit_test(test_loops_after_workers_sleep),
+        cmocka_unit_test(test_caller_waits_out_slow_ranges),
+        cmocka_unit_test(test_slow_workers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -218,9 +218,11 @@ static void test_matmul_simd_matches_scalar_and_threads_agree(void **state) {
     /* pairs of (1 thread, 3 threads) for best, scalar and AVX2 */
     cn_backend *bs[6];
     for (int i = 0; i < 6; i++) bs[i] = backend(i % 2 ? 3 : 1, i / 2);
-    for (int d = 0; d < N_WDTYPES; d++) {
-        const int64_t T = 13, N = 45, K = 301;
-        weight w = weight_rand(&r, k_wdtypes[d], N, K, 0, 1.5f);
+    /* K = 301 takes the per-output sums of each block; K = 256 (a multiple of 16) the transposed
+     * ones, with T = 14 or 15 reaching tiles of 4, 2 or 3, and 1 rows */
+    for (int d = 0; d < 2 * N_WDTYPES; d++) {
+        const int64_t T = d < N_WDTYPES ? 13 : 14 + d % 2, N = 45, K = d < N_WDTYPES ? 301 : 256;
+        weight w = weight_rand(&r, k_wdtypes[d % N_WDTYPES], N, K, 0, 1.5f);
         view x = view_rand(&r, T, K, 4, -1, 1);
         view y[6];
         for (int i = 0; i < 6; i++) {
