@@ -133,6 +133,7 @@ typedef struct cn_decode_traffic {
                                 * params less the embedding and lm_head (computed for the last
                                 * position only) */
     uint64_t prefill_params_layer[4]; /* the part of prefill_params in each layer type */
+    uint64_t prefill_params_nvfp4;    /* the part of prefill_params stored NVFP4 */
 } cn_decode_traffic;
 /* Index into weights_layer / n_layer for a block type (M 0, * 1, E 2, - 3). */
 int cn_block_index(cn_block type);
