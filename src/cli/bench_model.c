@@ -2,8 +2,9 @@
  * model, each figure set against this machine's limits measured in the same run.
  *
  * What it measures, in this order, on one model and one backend:
- *   machine   peak_gops: cn_probe_peak of the instruction kind the weights' matmuls run (NVFP4:
- *             int8 VNNI dot products; BF16, FP8, MXFP8: fp32 FMA), every thread. A backend with
+ *   machine   peak_gops: cn_probe_peak of the instruction mix the weights' matmuls run (BF16:
+ *             the BF16 tile's step; NVFP4: the NVFP4 tile's, and the BF16 tile's for the modules
+ *             kept BF16, weighted by parameters; FP8, MXFP8: fp32 FMA), every thread. A backend with
  *             its own device (cn_backend_measure: CUDA) gives its BF16 GEMM peak instead, its
  *             memory bandwidth for every probe below, and the pinned host link each way.
  *   warm-up   a forward of min(U, --prompt-short) and one of min(U, --prompt) tokens, U =
@@ -615,6 +616,7 @@ int cn_bench_model(int argc, char **argv) {
     /* 4. the machine: peak arithmetic of the weights' kernel (a device backend: its own GEMM
      * peak, memory bandwidth and host link, cn_backend_measure) */
     const char *peak_what = NULL;
+    char peak_mix[512];
     double peak = 0;
     cn_backend_limits lim;
     rc = cn_backend_measure(be, CN_LIMIT_MEM | CN_LIMIT_PEAK | CN_LIMIT_LINK, &lim);
@@ -629,8 +631,24 @@ int cn_bench_model(int argc, char **argv) {
         fprintf(stderr, "cairn: device memory %.1f GB/s, host link %.1f / %.1f GB/s (to / from the device)\n",
                 lim.mem_gbs, lim.h2d_gbs, lim.d2h_gbs);
     } else {
-        cn_peak_kind kind = !strcmp(format, "nvfp4") ? CN_PEAK_INT8_VNNI : CN_PEAK_FP32_FMA;
-        peak = cn_probe_peak(B.pool, kind, PEAK_SECONDS, &peak_what);
+        /* The tile probes time the prefill kernels' own instruction mix (bench_probe.h). An
+         * NVFP4 checkpoint keeps some modules BF16: its peak is what the two tiles together
+         * reach on its parameters, the time of each one's share at its own peak summed. */
+        const double P = (double)tr.prefill_params, f4 = P > 0 ? tr.prefill_params_nvfp4 / P : 0;
+        if (!strcmp(format, "nvfp4") && f4 < 1) {
+            const char *w4 = NULL, *w16 = NULL;
+            double p4 = cn_probe_peak(B.pool, CN_PEAK_NVFP4_TILE, PEAK_SECONDS / 2, &w4);
+            double p16 = cn_probe_peak(B.pool, CN_PEAK_BF16_TILE, PEAK_SECONDS / 2, &w16);
+            peak = p4 > 0 && p16 > 0 ? 1.0 / (f4 / p4 + (1 - f4) / p16) : 0;
+            snprintf(peak_mix, sizeof peak_mix, "%.0f%% of parameters at %.1f Gop/s (%s), %.0f%% at %.1f (%s)",
+                     100 * f4, p4, w4, 100 * (1 - f4), p16, w16);
+            peak_what = peak_mix;
+        } else {
+            cn_peak_kind kind = !strcmp(format, "nvfp4") ? CN_PEAK_NVFP4_TILE
+                                : !strcmp(format, "bf16") ? CN_PEAK_BF16_TILE
+                                                          : CN_PEAK_FP32_FMA;
+            peak = cn_probe_peak(B.pool, kind, PEAK_SECONDS, &peak_what);
+        }
     }
     fprintf(stderr, "cairn: peak %.1f Gop/s (%s); %s weights, %d layers \"%s\", %d threads\n", peak, peak_what,
             format, cfg->n_layers, cfg->layers, n_threads);
@@ -718,6 +736,7 @@ int cn_bench_model(int argc, char **argv) {
     cJSON_AddNumberToObject(out, "state_bytes_per_token", (double)tr.state_fixed);
     cJSON_AddNumberToObject(out, "kv_bytes_per_context_token", (double)tr.kv_per_ctx);
     cJSON_AddNumberToObject(out, "prefill_params", P);
+    cJSON_AddNumberToObject(out, "prefill_params_nvfp4", (double)tr.prefill_params_nvfp4);
     cJSON_AddNumberToObject(out, "active_params", (double)st.active_params);
     cJSON_AddNumberToObject(out, "params", (double)(st.params - st.params_mtp));
     cJSON_AddNumberToObject(out, "prefill_gops", gops2k);

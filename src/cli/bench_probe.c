@@ -160,18 +160,26 @@ typedef struct peak_ctx {
     int32_t sinki[MAX_ITEMS];
 } peak_ctx;
 
-enum { MODE_FMA_SCALAR = 0, MODE_FMA_AVX2, MODE_FMA_AVX512, MODE_I8_AVX2, MODE_I8_VNNI512 };
-/* Ops (a multiply-add counts 2) one iteration of each mode does: NACC instructions of ... */
+enum {
+    MODE_FMA_SCALAR = 0, MODE_FMA_AVX2, MODE_FMA_AVX512, MODE_I8_AVX2, MODE_I8_VNNI512,
+    MODE_BF16_TILE512, MODE_NVFP4_TILE512
+};
+/* Ops (a multiply-add counts 2) one iteration of each mode does: NACC instructions of ..., or
+ * one step of a CPU matmul tile (4 x rows by 4 weight rows, cpu_kernels.c / cpu_quant.c) */
 static const double ops_per_iter[] = {
     NACC * 2.0,        /* scalar fmaf (the compiler may vectorize it: then it is a floor) */
     NACC * 8 * 2.0,    /* vfmadd ymm: 8 lanes */
     NACC * 16 * 2.0,   /* vfmadd zmm: 16 lanes */
     NACC * 32 * 2.0,   /* vpmaddubsw + vpmaddwd + vpaddd ymm: 32 u8 x s8 products */
     NACC * 64 * 2.0,   /* vpdpbusd zmm: 64 u8 x s8 products */
+    16 * 16 * 2.0,     /* 16 columns of 4 x 4 outputs */
+    16 * 64 * 2.0,     /* 64 columns of 4 x 4 outputs */
 };
 static const char *const mode_name[] = {
     "scalar fp32 multiply-add", "avx2 fp32 vfmadd (ymm)", "avx512 fp32 vfmadd (zmm)",
     "avx2 int8 vpmaddubsw+vpmaddwd (ymm)", "avx512 int8 vpdpbusd (zmm)",
+    "avx512 bf16 tile: 4 bf16 widenings (vpmovzxwd+vpslld) per 16 vfmadd (zmm)",
+    "avx512 nvfp4 tile: 4 e2m1 unpacks + 4 scale permutes per 16 x (vpdpbusd, vcvtdq2ps, vmulps, vfmadd) (zmm)",
 };
 
 static float fma_scalar(long iters) {
@@ -260,6 +268,109 @@ __attribute__((target("avx512f,avx512vnni"))) static int32_t i8_vnni512(long ite
     _mm512_storeu_si512((void *)v, t);
     return v[0] + v[15];
 }
+
+/* The tile probes run a CPU matmul tile's inner step on L1-resident operands: the loads, the
+ * conversions and the arithmetic of the kernel in its proportions, so that the peak they report
+ * is what that kernel could reach with every operand in cache, not what its multiply-adds alone
+ * could. The empty asm makes the pointers opaque each step, so the loads are not hoisted. */
+__attribute__((target("avx512f,avx512bw"))) static float bf16_tile512(long iters) {
+    uint16_t w[4 * 16];
+    float x[4 * 16];
+    for (int i = 0; i < 64; i++) {
+        w[i] = 0x38d1; /* bf16 1e-4 */
+        x[i] = 1e-4f;
+    }
+    const uint16_t *wp = w;
+    const float *xp = x;
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
+    for (long i = 0; i < iters; i++) {
+        __asm__ volatile("" : "+r"(wp), "+r"(xp));
+        __m512 wv[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) /* a5_load's BF16 widening */
+            wv[j] = _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(wp + 16 * j))), 16));
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            __m512 xv = _mm512_loadu_ps(xp + 16 * r);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) acc[r][j] = _mm512_fmadd_ps(wv[j], xv, acc[r][j]);
+        }
+    }
+    __m512 s = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) s = _mm512_add_ps(s, acc[r][j]);
+    float v[16];
+    _mm512_storeu_ps(v, s);
+    return v[0] + v[15];
+}
+
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static float nvfp4_tile512(long iters) {
+    uint8_t w[4 * 32];
+    int8_t q[4 * 64];
+    int32_t c[4 * 16];
+    float d[4 * 16], sf[4 * 16];
+    for (int i = 0; i < 128; i++) w[i] = (uint8_t)(0x21 + i);
+    for (int i = 0; i < 256; i++) q[i] = (int8_t)(i % 7 - 3);
+    for (int i = 0; i < 64; i++) {
+        c[i] = -12;
+        d[i] = 1e-6f;
+        sf[i] = 0.5f;
+    }
+    const uint8_t *wp = w;
+    const int8_t *qp = q;
+    const int32_t *cp = c;
+    const float *dp = d;
+    const __m512i lut = _mm512_broadcast_i32x4(
+        _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
+    const __m512i sidx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    __m512 sv[4];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) sv[j] = _mm512_loadu_ps(sf + 16 * j);
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
+    for (long i = 0; i < iters; i++) {
+        __asm__ volatile("" : "+r"(wp), "+r"(qp), "+r"(cp), "+r"(dp));
+        __m512i wu[4];
+        __m512 ws[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) { /* a5_fp4_unpack and the block-scale permute */
+            __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(wp + 32 * j)));
+            __m512i idx = _mm512_ternarylogic_epi32(v, _mm512_slli_epi16(v, 4),
+                                                    _mm512_set1_epi16(0x0f0f), 0xa8);
+            wu[j] = _mm512_shuffle_epi8(lut, idx);
+            ws[j] = _mm512_permutexvar_ps(sidx, sv[j]);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const __m512i xv = _mm512_loadu_si512((const void *)(qp + 64 * r));
+            const __m512i cv = _mm512_loadu_si512((const void *)(cp + 16 * r));
+            const __m512 dv = _mm512_loadu_ps(dp + 16 * r);
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) {
+                __m512 f = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(cv, wu[j], xv));
+                acc[r][j] = _mm512_fmadd_ps(f, _mm512_mul_ps(ws[j], dv), acc[r][j]);
+            }
+        }
+    }
+    __m512 s = _mm512_setzero_ps();
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) s = _mm512_add_ps(s, acc[r][j]);
+    float v[16];
+    _mm512_storeu_ps(v, s);
+    return v[0] + v[15];
+}
 #endif
 
 static void peak_range(void *vctx, int begin, int end) {
@@ -271,6 +382,8 @@ static void peak_range(void *vctx, int begin, int end) {
         case MODE_FMA_AVX512: c->sinkf[i % MAX_ITEMS] += fma_avx512(c->iters); break;
         case MODE_I8_AVX2: c->sinki[i % MAX_ITEMS] += i8_avx2(c->iters); break;
         case MODE_I8_VNNI512: c->sinki[i % MAX_ITEMS] += i8_vnni512(c->iters); break;
+        case MODE_BF16_TILE512: c->sinkf[i % MAX_ITEMS] += bf16_tile512(c->iters); break;
+        case MODE_NVFP4_TILE512: c->sinkf[i % MAX_ITEMS] += nvfp4_tile512(c->iters); break;
 #endif
         default: c->sinkf[i % MAX_ITEMS] += fma_scalar(c->iters); break;
         }
@@ -286,6 +399,12 @@ double cn_probe_peak(cn_pool *pool, cn_peak_kind kind, double seconds, const cha
     else c.mode = MODE_FMA_SCALAR;
     if (kind == CN_PEAK_INT8_VNNI) {
         if (i == ISA_AVX512 && has_vnni()) c.mode = MODE_I8_VNNI512;
+        else if (i >= ISA_AVX2) c.mode = MODE_I8_AVX2;
+    }
+    /* the tile kinds exist for the AVX-512 kernels; elsewhere the widest plain kind stands in */
+    if (kind == CN_PEAK_BF16_TILE && i == ISA_AVX512) c.mode = MODE_BF16_TILE512;
+    if (kind == CN_PEAK_NVFP4_TILE) {
+        if (i == ISA_AVX512 && has_vnni()) c.mode = MODE_NVFP4_TILE512;
         else if (i >= ISA_AVX2) c.mode = MODE_I8_AVX2;
     }
     if (what) *what = mode_name[c.mode];

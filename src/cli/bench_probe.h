@@ -3,12 +3,19 @@
  * Two probes, both on every thread of a pool:
  *  - bandwidth: a streaming read (wide loads summed into registers, nothing written) over a
  *    buffer far larger than the caches; the best of a few passes, in GB/s (1e9 bytes).
- *  - peak arithmetic: a register-resident loop of independent multiply-accumulates of one
- *    instruction kind, in Gop/s where one multiply-add counts as two operations:
+ *  - peak arithmetic: a loop of independent multiply-accumulates on cached operands, in Gop/s
+ *    where one multiply-add counts as two operations:
  *      fp32 FMA  (AVX-512 vfmadd231ps: 16 lanes x 2 = 32 ops; AVX2: 16 ops; else scalar C)
  *      int8 VNNI (AVX-512 vpdpbusd: 64 u8 x s8 products summed into 16 int32 lanes = 128 ops)
- *    The kind mirrors the kernel that dominates a forward: NVFP4 weights run VNNI int8 dot
- *    products, BF16, FP8 and MXFP8 weights are widened to fp32 and run FMA.
+ *      a matmul tile's step (AVX-512): the instructions the CPU backend's prefill tile runs per
+ *      step, in its proportions, operands in L1: for BF16, per 16 columns of 4 x 4 outputs, 4
+ *      widenings (vpmovzxwd + vpslld) and 16 vfmadd; for NVFP4, per 64 columns, 4 nibble unpacks
+ *      and 4 scale permutes, then 16 x (vpdpbusd, vcvtdq2ps, vmulps, vfmadd). Only the
+ *      multiply-adds count as operations, so this is the ceiling of that kernel, below the bare
+ *      instruction's: the tile spends issue slots on conversions and per-block scales.
+ *    The kind mirrors the kernel a forward runs: `cairn bench` sets BF16 weights against the
+ *    BF16 tile, NVFP4 checkpoints (whose kept-BF16 modules run the BF16 tile) against both tiles
+ *    weighted by their parameters, FP8 and MXFP8 against fp32 FMA.
  * Nothing here allocates but cn_probe_buf_alloc; every probe returns in well under a second.
  */
 #ifndef CN_BENCH_PROBE_H
@@ -19,8 +26,10 @@
 #include "base/threadpool.h"
 
 typedef enum cn_peak_kind {
-    CN_PEAK_FP32_FMA = 0,
-    CN_PEAK_INT8_VNNI,
+    CN_PEAK_FP32_FMA = 0, /* vfmadd alone */
+    CN_PEAK_INT8_VNNI,    /* vpdpbusd alone */
+    CN_PEAK_BF16_TILE,    /* the BF16 matmul tile's step: widenings and vfmadd (AVX-512) */
+    CN_PEAK_NVFP4_TILE,   /* the NVFP4 tile's step: unpacks, vpdpbusd, converts, scales, vfmadd */
 } cn_peak_kind;
 
 /* A page-aligned buffer of `bytes` (a multiple of 1 MiB), every page written once so that it is

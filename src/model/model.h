@@ -39,8 +39,19 @@ typedef enum cn_load_stage {
 /* Called as each stage begins; bytes is 0 until the files are mapped. */
 typedef void (*cn_load_stage_fn)(void *ctx, cn_load_stage stage, uint64_t bytes);
 
+/* Tokens per forward piece when the caller does not say. Each piece passes over every weight once,
+ * and a gathered MoE runs each expert over the piece's tokens routed to it: at 256 a nano-shape
+ * expert (128 experts, top 6) sees about 12 rows, so its weights come from memory for few
+ * multiply-adds (and its tile runs short); at 1024 about 48. Measured on the 2-core machine this
+ * was written on: `cairn bench --preset nano-shape --layers 6 --weights bf16 --prompt 1024
+ * --ubatch 256|1024`, back to back, prefill 87 and 129 tok/s (0.18 GB more scratch); the BF16
+ * gathered matmul alone, one thread, 128 experts of 1856 x 2688, top 6: 80-97 GFLOP/s per CPU
+ * second at 256 tokens, 105-120 at 1024. A served request's forwards are at most the engine's
+ * chunk (cn_engine_opts.chunk, 512) anyway. */
+#define CN_UBATCH_DEFAULT 1024
+
 typedef struct cn_model_opts {
-    int ubatch; /* tokens per internal forward chunk (scratch size); 0 = 256 */
+    int ubatch; /* tokens per internal forward chunk (scratch size); 0 = CN_UBATCH_DEFAULT */
     cn_load_stage_fn on_stage; /* (optional) */
     void *stage_ctx;
 } cn_model_opts;
@@ -122,6 +133,7 @@ typedef struct cn_decode_traffic {
                                 * params less the embedding and lm_head (computed for the last
                                 * position only) */
     uint64_t prefill_params_layer[4]; /* the part of prefill_params in each layer type */
+    uint64_t prefill_params_nvfp4;    /* the part of prefill_params stored NVFP4 */
 } cn_decode_traffic;
 /* Index into weights_layer / n_layer for a block type (M 0, * 1, E 2, - 3). */
 int cn_block_index(cn_block type);

@@ -63,7 +63,8 @@ void cn_model_decode_traffic(const cn_model *m, cn_decode_traffic *out) {
         if (!strncmp(t->name, "mtp.", 4)) continue;
         uint64_t n = 1;
         for (int d = 0; d < t->ndim; d++) n *= (uint64_t)t->shape[d];
-        if (t->dtype == CN_U8 && strstr(t->name, ".weight") && !is_scale_name(t->name)) n *= 2;
+        const int fp4 = t->dtype == CN_U8 && strstr(t->name, ".weight") && !is_scale_name(t->name);
+        if (fp4) n *= 2; /* packed E2M1 pairs */
         uint64_t bytes = t->nbytes, params = is_scale_name(t->name) ? 0 : n;
         int expert = strstr(t->name, ".experts.") != NULL;
         if (expert) {
@@ -79,6 +80,7 @@ void cn_model_decode_traffic(const cn_model *m, cn_decode_traffic *out) {
         }
         out->weights += bytes;
         out->prefill_params += params;
+        if (fp4) out->prefill_params_nvfp4 += params;
         int layer = -1;
         if (!strncmp(t->name, lay, sizeof lay - 1)) layer = atoi(t->name + sizeof lay - 1);
         if (layer >= 0 && layer < c->n_layers)

@@ -86,6 +86,11 @@ static void test_model_dir_nvfp4(void **st) {
     cJSON *j = bench_json(args);
     check_keys(j);
     assert_string_equal(cJSON_GetObjectItemCaseSensitive(j, "weights")->valuestring, "nvfp4");
+    /* the default quantization keeps some modules BF16: the peak weighs both tiles */
+    double P = cJSON_GetObjectItemCaseSensitive(j, "prefill_params")->valuedouble;
+    double P4 = cJSON_GetObjectItemCaseSensitive(j, "prefill_params_nvfp4")->valuedouble;
+    assert_true(P4 > 0 && P4 < P);
+    assert_true(cJSON_GetObjectItemCaseSensitive(j, "peak_gops")->valuedouble > 0);
     cJSON_Delete(j);
 }
 
