@@ -64,10 +64,8 @@ static int alloc_scratch(cn_model *m) {
     if (!rc) rc = alloc_f32(b, &s->eo, U * k, H);
     if (!rc) rc = alloc_f32(b, &s->cat, U, 2 * H);
     if (!rc) rc = alloc_f32(b, &s->logits, s->logit_rows, c->vocab_size);
-    if (!rc && c->sliding_window > 0) {
-        rc = alloc_f32(b, &s->kn, U, (int64_t)c->n_kv_heads * c->head_dim);
-        if (!rc) rc = alloc_f32(b, &s->vn, U, (int64_t)c->n_kv_heads * c->head_dim);
-    }
+    if (!rc) rc = alloc_f32(b, &s->kn, U, max64((int64_t)c->n_kv_heads * c->head_dim, 1));
+    if (!rc) rc = alloc_f32(b, &s->vn, U, max64((int64_t)c->n_kv_heads * c->head_dim, 1));
     return rc;
 }
 
@@ -198,17 +196,27 @@ static int mamba_mixer(cn_model *m, const cn_mamba_w *w, cn_layer_state *ls, int
     return cn_op_matmul(b, out, &w->out_proj, &y);                    /* out_proj */
 }
 
-/* ATTN(xn) -> out: GQA over the KV cache, no positional encoding. */
+/* ATTN(xn) -> out: GQA over the KV cache, no positional encoding. A one-token step's K/V row
+ * goes through scratch and cn_op_set_rows, whose row (like attention's n_past) follows the
+ * step's position, so a backend can replay the step at the next offset (backend.h, steps (d)). */
 static int attn_mixer(cn_model *m, const cn_attn_w *w, cn_layer_state *ls, int offset,
                       cn_tensor *out, const cn_tensor *xn, int T) {
     const cn_config *c = &m->cfg;
     cn_backend *b = m->b;
     cn_tensor q = rows(&m->s.proj, T);
     q.shape[1] = (int64_t)c->n_heads * c->head_dim;
-    cn_tensor kc = cn_tensor_rows(&ls->k, offset, T), vc = cn_tensor_rows(&ls->v, offset, T);
     CHECK(cn_op_matmul(b, &q, &w->q, xn));
-    CHECK(cn_op_matmul(b, &kc, &w->k, xn));                           /* append to the cache */
-    CHECK(cn_op_matmul(b, &vc, &w->v, xn));
+    if (T == 1) {
+        cn_tensor kn = rows(&m->s.kn, 1), vn = rows(&m->s.vn, 1);
+        CHECK(cn_op_matmul(b, &kn, &w->k, xn));
+        CHECK(cn_op_matmul(b, &vn, &w->v, xn));
+        CHECK(cn_op_set_rows(b, &ls->k, offset, &kn));                /* append to the cache */
+        CHECK(cn_op_set_rows(b, &ls->v, offset, &vn));
+    } else {
+        cn_tensor kc = cn_tensor_rows(&ls->k, offset, T), vc = cn_tensor_rows(&ls->v, offset, T);
+        CHECK(cn_op_matmul(b, &kc, &w->k, xn));                       /* append to the cache */
+        CHECK(cn_op_matmul(b, &vc, &w->v, xn));
+    }
     cn_tensor att = rows(&m->s.y, T);
     att.shape[1] = q.shape[1];
     CHECK(cn_op_attention(b, &att, &q, &ls->k, &ls->v, offset, c->n_heads, c->n_kv_heads,
@@ -330,6 +338,11 @@ static int head(cn_model *m, const cn_tensor *norm, int r0, int n, float *logits
 /* Step keys (backend.h): one per op sequence, so a backend that records steps keeps each apart. */
 enum { STEP_DECODE, STEP_DECODE_CAPTURE, STEP_MTP };
 
+/* The tag of a positioned step (backend.h (d)): what its ops depend on besides the position. */
+static uint64_t step_tag(const cn_state *st, int head) {
+    return (uint64_t)(uintptr_t)st * 2u + (head ? 1u : 0u);
+}
+
 /* Ends a step begun by the caller after its ops returned rc: runs it if they all succeeded.
  * Returns rc if an op failed, else step_end's verdict. */
 static int step_finish(cn_backend *b, int rc) {
@@ -339,7 +352,9 @@ static int step_finish(cn_backend *b, int rc) {
 
 /* A decode token (T == 1) of the main stack as one backend step: the lookup, every layer and the
  * head's norm and lm_head inside it (no host transfer, so the backend may record and replay it),
- * the downloads after it. s->ids already holds the token. */
+ * the downloads after it. s->ids already holds the token. Without captures the step is begun at
+ * its offset, tagged with the state and whether the lm_head runs (all its ops depend on), so a
+ * backend may replay the previous token's step instead of the ops being issued (returns 1). */
 static int decode_step(cn_model *m, cn_state *st, int offset, const segment *seg, int n_seg,
                        cn_rsnap *caps, float *logits, float *hidden) {
     cn_backend *b = m->b;
@@ -347,12 +362,18 @@ static int decode_step(cn_model *m, cn_state *st, int offset, const segment *seg
     cn_tensor ids = cn_tensor_rows(&s->ids, 0, 1), x = rows(&s->x, 1), xn = rows(&s->xn, 1);
     cn_tensor lg = rows(&s->logits, 1);
     ids.ndim = 1;
-    int key = n_seg > 1 || seg[0].capture >= 0 ? STEP_DECODE_CAPTURE : STEP_DECODE;
-    CHECK(cn_backend_step_begin(b, key));
-    int rc = cn_op_get_rows(b, &x, &m->w.embed, &ids);                   /* h = embed[tok] */
-    if (!rc) rc = run_layers(m, m->w.layers, st, offset, 1, seg, n_seg, caps);
-    if (!rc) rc = cn_op_rmsnorm(b, &xn, &x, &m->w.norm_f, m->cfg.norm_eps);
-    if (!rc && logits) rc = cn_op_matmul(b, &lg, &m->w.lm_head, &xn);
+    const int capture = n_seg > 1 || seg[0].capture >= 0;
+    int rc = capture ? cn_backend_step_begin(b, STEP_DECODE_CAPTURE)
+                     : cn_backend_step_begin_at(b, STEP_DECODE, step_tag(st, logits != NULL), offset);
+    if (rc < 0) return rc;
+    if (rc == 0) {
+        rc = cn_op_get_rows(b, &x, &m->w.embed, &ids);                    /* h = embed[tok] */
+        if (!rc) rc = run_layers(m, m->w.layers, st, offset, 1, seg, n_seg, caps);
+        if (!rc) rc = cn_op_rmsnorm(b, &xn, &x, &m->w.norm_f, m->cfg.norm_eps);
+        if (!rc && logits) rc = cn_op_matmul(b, &lg, &m->w.lm_head, &xn);
+    } else {
+        rc = CN_OK; /* replayed */
+    }
     CHECK(step_finish(b, rc));
     if (hidden) CHECK(cn_backend_download(b, hidden, &xn));
     if (logits) CHECK(cn_backend_download(b, logits, &lg));
@@ -507,16 +528,19 @@ static int mtp_forward(cn_model *m, cn_state *st, const float *hidden, const int
             lp = last ? logits : NULL;
             hp = last ? hidden_out : NULL;
         }
-        if (step) CHECK(cn_backend_step_begin(b, STEP_MTP));
-        int rc = cn_op_get_rows(b, &e, &m->w.embed, &ids);                /* e = embed(t_{i+1}) */
-        if (!rc) rc = cn_op_rmsnorm(b, &ce, &e, &w->enorm, eps);          /* enorm(e) first */
-        if (!rc) rc = cn_op_rmsnorm(b, &ch, &x, &w->hnorm, eps);          /* then hnorm(h) */
-        if (!rc) rc = cn_op_matmul(b, &x, &w->eh_proj, &cat);             /* eh_proj */
-        if (!rc) rc = run_layers(m, w->layers, st, st->offset, T, seg, 1, NULL);
+        int rc = 0; /* a draft token's step may be replayed at the next offset (decode_step) */
+        if (step) rc = cn_backend_step_begin_at(b, STEP_MTP, step_tag(st, lp != NULL), st->offset);
+        if (rc < 0) return rc;
+        const int replayed = rc == 1;
+        rc = replayed ? CN_OK : cn_op_get_rows(b, &e, &m->w.embed, &ids);  /* e = embed(t_{i+1}) */
+        if (!rc && !replayed) rc = cn_op_rmsnorm(b, &ce, &e, &w->enorm, eps); /* enorm(e) first */
+        if (!rc && !replayed) rc = cn_op_rmsnorm(b, &ch, &x, &w->hnorm, eps); /* then hnorm(h) */
+        if (!rc && !replayed) rc = cn_op_matmul(b, &x, &w->eh_proj, &cat);  /* eh_proj */
+        if (!rc && !replayed) rc = run_layers(m, w->layers, st, st->offset, T, seg, 1, NULL);
         if (step) {
             cn_tensor xn = rows(&m->s.xn, 1), lg = rows(&m->s.logits, 1);
-            if (!rc) rc = cn_op_rmsnorm(b, &xn, &x, &w->final_norm, eps);
-            if (!rc && lp) rc = cn_op_matmul(b, &lg, &m->w.lm_head, &xn);
+            if (!rc && !replayed) rc = cn_op_rmsnorm(b, &xn, &x, &w->final_norm, eps);
+            if (!rc && !replayed && lp) rc = cn_op_matmul(b, &lg, &m->w.lm_head, &xn);
             CHECK(step_finish(b, rc));
             if (hp) CHECK(cn_backend_download(b, hp, &x));
             if (lp) CHECK(cn_backend_download(b, lp, &lg));

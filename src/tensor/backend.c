@@ -76,6 +76,12 @@ int cn_backend_step_begin(cn_backend *b, int key) {
     return b->iface->step_begin(b, key);
 }
 
+int cn_backend_step_begin_at(cn_backend *b, int key, uint64_t tag, int pos) {
+    if (pos < 0) return CN_EINVAL;
+    if (!b->iface->step_begin_at) return cn_backend_step_begin(b, key);
+    return b->iface->step_begin_at(b, key, tag, pos);
+}
+
 int cn_backend_step_end(cn_backend *b, int run) {
     if (!b->iface->step_end) return CN_OK;
     return b->iface->step_end(b, run);
@@ -223,6 +229,15 @@ int cn_op_attention(cn_backend *b, cn_tensor *out, const cn_tensor *q, const cn_
     if (COLS(kc) != n_kv_heads * dh || !same2d(kc, vc) || n_past < 0) return CN_EINVAL;
     if (n_past + ROWS(q) > ROWS(kc)) return CN_EINVAL;
     return b->iface->attention(b, out, q, kc, vc, n_past, n_heads, n_kv_heads, scale);
+}
+
+int cn_op_set_rows(cn_backend *b, cn_tensor *dst, int row, const cn_tensor *src) {
+    if (dst->ndim != 2 || src->ndim != 2 || dst->dtype != src->dtype || COLS(dst) != COLS(src))
+        return CN_EINVAL;
+    if (row < 0 || row + ROWS(src) > ROWS(dst)) return CN_EINVAL;
+    if (b->iface->set_rows) return b->iface->set_rows(b, dst, row, src);
+    cn_tensor view = cn_tensor_rows(dst, row, ROWS(src));
+    return b->iface->copy(b, &view, src);
 }
 
 int cn_op_attention_window(cn_backend *b, cn_tensor *out, const cn_tensor *q,

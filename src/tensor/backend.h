@@ -116,8 +116,19 @@ int cn_backend_fence_wait(cn_backend *b, uint64_t fence, int host);
  * waits for it; with run = 0, after an op of the step failed, it discards what a recording backend
  * holds and returns CN_OK (the op's own error is the one to report; an eager backend has already
  * run the ops before the failure). Steps are optional: a backend without them runs the ops as
- * called and both calls return CN_OK. */
+ * called and both calls return CN_OK.
+ *  (d) A step may be begun at a position (cn_backend_step_begin_at: a decode token's cache
+ *      offset). Its position arguments — cn_op_attention's n_past, cn_op_set_rows's row — are
+ *      then taken relative to `pos` (value - pos is what is recorded), so a recording backend
+ *      may REPLAY the step recorded under the same (key, tag) at another pos without the ops
+ *      being issued again: begin_at returns 1, the caller issues no op and calls step_end(b, 1).
+ *      The caller promises that under one (key, tag) it issues the same ops on the same tensors
+ *      every time, only the position moving (tag names what else the ops depend on: the state,
+ *      whether the head runs); the backend owns everything else a replay depends on (its scratch,
+ *      a freed tensor: it records again after either changed). Returns 0 when the step is open
+ *      for ops as with step_begin. */
 int cn_backend_step_begin(cn_backend *b, int key);
+int cn_backend_step_begin_at(cn_backend *b, int key, uint64_t tag, int pos);
 int cn_backend_step_end(cn_backend *b, int run);
 
 /* Whether steps may be recorded and replayed (on by default where a backend records them, see
@@ -175,6 +186,7 @@ int cn_op_ssm_step(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_ten
  * out:[T, Hq*Dh]. scale is usually 1/sqrt(Dh). */
 int cn_op_attention(cn_backend *b, cn_tensor *out, const cn_tensor *q, const cn_tensor *kc,
                     const cn_tensor *vc, int n_past, int n_heads, int n_kv_heads, float scale);
+/* (n_past is a position argument: steps, (d).) */
 /* Sliding-window causal GQA attention over a ring of the last W positions. ring_k, ring_v:[W,
  * Hkv*Dh] hold position p < n_past at row p % W (positions n_past-W..n_past-1 must be there);
  * k_new, v_new:[T, Hkv*Dh] hold positions n_past..n_past+T-1. Query t sits at position
@@ -196,6 +208,9 @@ int cn_op_moe_route(cn_backend *b, cn_tensor *ids, cn_tensor *weights, const cn_
                     const cn_tensor *bias, const cn_route_args *a);
 /* y[t] = sum_j weights[t,j] * rows[t*k + j]. y:[T,H], rows:[T*k,H], weights:[T,k]. */
 int cn_op_moe_combine(cn_backend *b, cn_tensor *y, const cn_tensor *rows, const cn_tensor *weights);
+/* dst rows [row, row + src rows) = src (equal dtype and columns): a decode token's K/V row into
+ * the cache. Inside a positioned step, row is relative to its position (steps, (d)). */
+int cn_op_set_rows(cn_backend *b, cn_tensor *dst, int row, const cn_tensor *src);
 /* Elementwise on equal shapes; y may alias an input. */
 int cn_op_add(cn_backend *b, cn_tensor *y, const cn_tensor *a, const cn_tensor *c);
 int cn_op_mul(cn_backend *b, cn_tensor *y, const cn_tensor *a, const cn_tensor *c);

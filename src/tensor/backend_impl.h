@@ -65,6 +65,10 @@ typedef struct cn_backend_iface {
                       uint64_t *fence);               /* default: memcpy, fence 0 */
     int (*fence_done)(cn_backend *b, uint64_t fence); /* default: 1 */
     int (*fence_wait)(cn_backend *b, uint64_t fence, int host); /* default: CN_OK */
+    /* Positioned steps (backend.h (d)), (optional): default begin_at is step_begin returning 0
+     * (the ops are always issued), default set_rows is copy into the rows' view. */
+    int (*step_begin_at)(cn_backend *b, int key, uint64_t tag, int pos);
+    int (*set_rows)(cn_backend *b, cn_tensor *dst, int row, const cn_tensor *src);
 } cn_backend_iface;
 
 struct cn_backend {

@@ -206,6 +206,43 @@ static void check_decode(const char *name) {
 static void test_decode_mix(void **st) { (void)st; check_decode("nh-mix-f32"); }
 static void test_decode_group(void **st) { (void)st; check_decode("nh-group-bf16"); }
 
+/* Many decode tokens across attention buckets (position 256 on the GPU) with steps recorded
+ * (replayed from their graph) and launched as called: the logits are equal bit for bit. Two
+ * states decode in turns at first, so a replay must never run one state's step for the other. */
+static void test_decode_replay(void **st) {
+    (void)st;
+    fixture f;
+    open_model(&f, "nh-mix-f32", 256, 2);
+    golden g;
+    golden_load(&g, "nh-mix-f32", f.V);
+    const int n = 300, both = 40;
+    float *lg[3];
+    cn_state *s[3];
+    for (int k = 0; k < 3; k++) {
+        lg[k] = malloc((size_t)n * f.V * sizeof(float));
+        assert_non_null(lg[k]);
+        assert_int_equal(cn_state_create(&s[k], f.m, n, 0), 0);
+    }
+    assert_int_equal(cn_backend_set_record(f.b, 1), 0);
+    for (int i = 0; i < n; i++) {
+        int32_t t = g.prompt[i % g.n_prompt];
+        assert_int_equal(cn_model_decode(f.m, s[0], t, lg[0] + (size_t)i * f.V), 0);
+        if (i < both) assert_int_equal(cn_model_decode(f.m, s[1], t, lg[1] + (size_t)i * f.V), 0);
+    }
+    assert_int_equal(cn_backend_set_record(f.b, 0), 0);
+    for (int i = 0; i < n; i++)
+        assert_int_equal(cn_model_decode(f.m, s[2], g.prompt[i % g.n_prompt], lg[2] + (size_t)i * f.V), 0);
+    assert_int_equal(cn_backend_set_record(f.b, 1), 0);
+    assert_memory_equal(lg[0], lg[2], (size_t)n * f.V * sizeof(float));
+    assert_memory_equal(lg[1], lg[2], (size_t)both * f.V * sizeof(float));
+    for (int k = 0; k < 3; k++) {
+        cn_state_free(s[k]);
+        free(lg[k]);
+    }
+    golden_free(&g);
+    close_model(&f);
+}
+
 /* ---- sliding-window attention ---------------------------------------------------------------- */
 
 /* A synthetic f32 checkpoint with pattern pat (window 8 where it has 'S'), seed 0: two patterns
@@ -467,7 +504,7 @@ int main(void) {
         cmocka_unit_test(test_decode_mix),        cmocka_unit_test(test_decode_group),
         cmocka_unit_test(test_verify),            cmocka_unit_test(test_capture_restore),
         cmocka_unit_test(test_mtp),               cmocka_unit_test(test_bad_batches),
-        cmocka_unit_test(test_sliding_window),
+        cmocka_unit_test(test_sliding_window),    cmocka_unit_test(test_decode_replay),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

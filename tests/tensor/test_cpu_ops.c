@@ -1226,6 +1226,34 @@ static void test_memory_alloc_transfer_copy(void **state) {
     cn_backend_free(b);
 }
 
+/* set_rows writes exactly its rows (strided views on both sides) and refuses a range past the
+ * end or another dtype; a positioned step on the CPU always asks for its ops (nothing replays). */
+static void test_set_rows_and_positioned_step(void **state) {
+    (void)state;
+    cn_backend *b = backend(1, ISA_BEST);
+    view dst = view_make(6, 3, 2), src = view_make(2, 3, 1);
+    for (int r = 0; r < 6; r++)
+        for (int c = 0; c < 3; c++) *at(&dst, r, c) = (float)(10 * r + c);
+    for (int r = 0; r < 2; r++)
+        for (int c = 0; c < 3; c++) *at(&src, r, c) = (float)(-1 - 10 * r - c);
+    assert_int_equal(cn_backend_step_begin_at(b, 3, 42, 4), 0);
+    assert_int_equal(cn_op_set_rows(b, &dst.t, 4, &src.t), CN_OK);
+    assert_int_equal(cn_backend_step_end(b, 1), CN_OK);
+    for (int r = 0; r < 6; r++)
+        for (int c = 0; c < 3; c++)
+            assert_true(*at(&dst, r, c) == (r >= 4 ? (float)(-1 - 10 * (r - 4) - c) : (float)(10 * r + c)));
+    view_check_pad(&dst);
+    assert_int_equal(cn_op_set_rows(b, &dst.t, 5, &src.t), CN_EINVAL);  /* past the end */
+    assert_int_equal(cn_op_set_rows(b, &dst.t, -1, &src.t), CN_EINVAL);
+    int32_t ib[6] = {0};
+    cn_tensor it = cn_tensor_2d(CN_I32, 2, 3, ib);
+    assert_int_equal(cn_op_set_rows(b, &dst.t, 0, &it), CN_EINVAL);     /* another dtype */
+    assert_int_equal(cn_backend_step_begin_at(b, 3, 42, -1), CN_EINVAL);
+    view_free(&dst);
+    view_free(&src);
+    cn_backend_free(b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul_all_dtypes_and_odd_sizes),
@@ -1249,6 +1277,7 @@ int main(void) {
         cmocka_unit_test(test_moe_combine),
         cmocka_unit_test(test_elementwise),
         cmocka_unit_test(test_memory_alloc_transfer_copy),
+        cmocka_unit_test(test_set_rows_and_positioned_step),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

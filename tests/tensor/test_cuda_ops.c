@@ -834,6 +834,92 @@ static void test_step_attention(void **st) {
     pv_free(&vf);
 }
 
+static int graphs_on(void) {
+    const char *g = getenv("CAIRN_CUDA_GRAPHS");
+    return !(g && !strcmp(g, "0"));
+}
+
+/* One positioned decode step as forward.c issues it: the token's K/V rows into the cache
+ * (set_rows) and attention over it, both at the step's position. */
+static int replay_step(cn_tensor *out, const cn_tensor *q, cn_tensor *kc, cn_tensor *vc,
+                       const cn_tensor *kn, const cn_tensor *vn, int pos, int Hq, int Hkv) {
+    int rc = cn_backend_step_begin_at(g_cu, 11, 5, pos);
+    if (rc < 0) return rc;
+    const int replayed = rc == 1;
+    rc = 0;
+    if (!replayed) rc = cn_op_set_rows(g_cu, kc, pos, kn);
+    if (!rc && !replayed) rc = cn_op_set_rows(g_cu, vc, pos, vn);
+    if (!rc && !replayed) rc = cn_op_attention(g_cu, out, q, kc, vc, pos, Hq, Hkv, 0.125f);
+    int end = cn_backend_step_end(g_cu, rc == 0);
+    return rc ? rc : end;
+}
+
+/* Many decode tokens across attention buckets (spans 1, 2, 4, 8): with graphs the steps are
+ * replayed, captured again only when the bucket (or the scratch) changes; each token's output
+ * equals the eager positioned step's and the plain (unstepped, exact-span) call's bit for bit. */
+static void test_step_replay(void **st) {
+    (void)st;
+    const int Hq = 8, Hkv = 2, Dh = 64, N = 1100;
+    const int64_t C = (int64_t)Hkv * Dh, Q = (int64_t)Hq * Dh;
+    float *kh = malloc((size_t)(N * C) * sizeof(float)), *vh = malloc((size_t)(N * C) * sizeof(float));
+    float *qh = malloc((size_t)(N * Q) * sizeof(float));
+    float *res[3];
+    assert_non_null(kh);
+    assert_non_null(vh);
+    assert_non_null(qh);
+    for (int64_t i = 0; i < N * C; i++) kh[i] = unif(-1, 1), vh[i] = unif(-2, 2);
+    for (int64_t i = 0; i < N * Q; i++) qh[i] = unif(-1, 1);
+    pv q = pv_make(1, Q, 0, 0, 0), out = pv_make(1, Q, 0, 0, 0);
+    pv kn = pv_make(1, C, 0, 0, 0), vn = pv_make(1, C, 0, 0, 0);
+    pv kc = pv_make(N, C, 0, 0, 0), vc = pv_make(N, C, 0, 0, 0);
+    cn_cuda_stats s0, s1;
+    for (int mode = 0; mode < 3; mode++) { /* 0: graphs, 1: eager steps, 2: no step */
+        res[mode] = malloc((size_t)(N * Q) * sizeof(float));
+        assert_non_null(res[mode]);
+        assert_int_equal(cn_backend_set_record(g_cu, mode == 0), 0);
+        assert_int_equal(cn_cuda_backend_stats(g_cu, &s0), 0);
+        for (int p = 0; p < N; p++) {
+            assert_int_equal(cn_backend_upload(g_cu, &kn.gp, 0, kh + p * C, (uint64_t)C * 4), 0);
+            assert_int_equal(cn_backend_upload(g_cu, &vn.gp, 0, vh + p * C, (uint64_t)C * 4), 0);
+            assert_int_equal(cn_backend_upload(g_cu, &q.gp, 0, qh + p * Q, (uint64_t)Q * 4), 0);
+            if (mode < 2) {
+                assert_int_equal(replay_step(&out.g, &q.g, &kc.g, &vc.g, &kn.g, &vn.g, p, Hq, Hkv), 0);
+            } else {
+                cn_tensor kr = cn_tensor_rows(&kc.g, p, 1), vr = cn_tensor_rows(&vc.g, p, 1);
+                assert_int_equal(cn_backend_copy(g_cu, &kr, &kn.g), 0);
+                assert_int_equal(cn_backend_copy(g_cu, &vr, &vn.g), 0);
+                assert_int_equal(cn_op_attention(g_cu, &out.g, &q.g, &kc.g, &vc.g, p, Hq, Hkv, 0.125f), 0);
+            }
+            assert_int_equal(cn_backend_download(g_cu, res[mode] + p * Q, &out.g), 0);
+        }
+        assert_int_equal(cn_cuda_backend_stats(g_cu, &s1), 0);
+        if (mode == 0) { /* recorded whatever the environment says (set_record 1) */
+            /* captures: the first step, each new bucket, and each scratch growth it brings */
+            assert_true(s1.replayed - s0.replayed >= (uint64_t)(N - 8));
+            assert_true(s1.instantiated - s0.instantiated + s1.updated - s0.updated <= 8);
+        } else {
+            assert_int_equal(s1.replayed - s0.replayed, 0);
+        }
+    }
+    assert_int_equal(cn_backend_set_record(g_cu, graphs_on()), 0);
+    assert_memory_equal(res[0], res[1], (size_t)(N * Q) * sizeof(float));
+    assert_memory_equal(res[1], res[2], (size_t)(N * Q) * sizeof(float));
+    /* the cache holds every token's rows, written where each replay's position said */
+    float *kback = get(g_cu, &kc.g);
+    assert_memory_equal(kback, kh, (size_t)(N * C) * sizeof(float));
+    free(kback);
+    for (int mode = 0; mode < 3; mode++) free(res[mode]);
+    free(kh);
+    free(vh);
+    free(qh);
+    pv_free(&q);
+    pv_free(&out);
+    pv_free(&kn);
+    pv_free(&vn);
+    pv_free(&kc);
+    pv_free(&vc);
+}
+
 static int setup(void **st) {
     (void)st;
     cn_err err;
@@ -861,6 +947,7 @@ int main(void) {
         cmocka_unit_test(test_attention),   cmocka_unit_test(test_moe),
         cmocka_unit_test(test_block_scaled),
         cmocka_unit_test(test_step),        cmocka_unit_test(test_step_attention),
+        cmocka_unit_test(test_step_replay),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

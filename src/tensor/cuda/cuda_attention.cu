@@ -13,6 +13,10 @@
  * sum and unnormalised accumulator to scratch, and a second kernel merges the spans in order.
  * Those calls always take this path, with a single span too, so a decode step's graph keeps its
  * kernels as the cache grows (only the grid and the scratch change, cuda_backend.cu).
+ * Inside a positioned step n_past is read on the device and the spans are the bucket's (the next
+ * power of two): the spans past the real length are empty and the merge skips them, so the result
+ * is the same as with the exact count, and one graph serves every position of the bucket
+ * (cuda_impl.h invariant 5).
  */
 #include <math.h>
 
@@ -33,6 +37,7 @@ typedef struct att_args {
     int64_t ks, vs;
     float kscale, vscale, scale;
     int T, n_past, Hq, group, Dh;
+    const int *pos; /* positioned step: n_past is *pos + n_past (cu_pos) */
     int spans;   /* split: spans of ATT_SPLIT_KEYS keys (gridDim.y); 0 when not split */
     float *part; /* split: [T*Hq][spans][Dh + 2] accumulator, then max and sum */
 } att_args;
@@ -70,7 +75,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(att_args a) {
 #pragma unroll
     for (int i = 0; i < ATT_PER_LANE; i++) acc[i] = 0.0f;
     float m = -INFINITY, l = 0.0f;
-    const int64_t n_all = (int64_t)a.n_past + t + 1;
+    const int64_t n_all = (int64_t)(a.pos ? *a.pos : 0) + a.n_past + t + 1;
     const int64_t s_lo = a.spans ? (int64_t)blockIdx.y * ATT_SPLIT_KEYS : 0;
     const int64_t n_keys = a.spans ? (s_lo + ATT_SPLIT_KEYS < n_all ? s_lo + ATT_SPLIT_KEYS : n_all)
                                    : n_all;
@@ -201,7 +206,8 @@ int cu_attention(cn_backend *b, cn_tensor *out, const cn_tensor *q, const cn_ten
     const int64_t T = q->shape[0], Dh = q->shape[1] / n_heads;
     if (Dh > ATT_MAX_DH) return CN_EUNSUPPORTED;
     if (T == 0) return CN_OK;
-    if (T * n_heads >= ATT_SPLIT_MAX_ITEMS) { /* prefill: on tensor cores where it fits */
+    /* prefill: on tensor cores where it fits (not in a positioned step: its n_past is a value) */
+    if (T * n_heads >= ATT_SPLIT_MAX_ITEMS && !c->positioned) {
         const int rc = cu_fa_attention(c, out, q, kc, vc, n_past, n_heads, n_kv_heads, scale);
         if (rc != CN_EUNSUPPORTED) return rc;
     }
@@ -218,14 +224,21 @@ int cu_attention(cn_backend *b, cn_tensor *out, const cn_tensor *q, const cn_ten
     a.vscale = vc->dtype == CN_F8_E4M3 ? vc->scale : 1.0f;
     a.scale = scale;
     a.T = (int)T;
-    a.n_past = n_past;
+    a.pos = cu_pos(c, n_past, &a.n_past);
     a.Hq = n_heads;
     a.group = n_heads / n_kv_heads;
     a.Dh = (int)Dh;
     a.spans = 0;
     a.part = NULL;
     if (T * n_heads < ATT_SPLIT_MAX_ITEMS) {
-        const int64_t spans = ((int64_t)n_past + T + ATT_SPLIT_KEYS - 1) / ATT_SPLIT_KEYS;
+        int64_t spans = ((int64_t)n_past + T + ATT_SPLIT_KEYS - 1) / ATT_SPLIT_KEYS;
+        if (a.pos) { /* the bucket, and the highest position it serves */
+            int64_t p2 = 1;
+            while (p2 < spans) p2 *= 2;
+            spans = p2;
+            const int64_t top = spans * ATT_SPLIT_KEYS - T - a.n_past;
+            if (top < c->pos_max) c->pos_max = top;
+        }
         if (spans > 65535) return CN_EUNSUPPORTED;
         a.spans = (int)spans;
         a.part = (float *)cu_scratch(c, (size_t)(T * n_heads * spans * (Dh + 2)) * sizeof(float));

@@ -7,8 +7,10 @@
  * needed: default math never uses TF32 for fp32 GEMMs unless asked), so fp32 GEMMs are fp32.
  * Steps (backend.h) are captured from that stream into a CUDA graph per step key; each capture
  * updates the key's executable graph in place (cudaGraphExecUpdate: same kernels, new arguments
- * such as the KV row of this token) and instantiates anew only when the topology changed, so a
- * decode token costs one graph launch and one wait (cuda_impl.h invariant 5).
+ * such as the KV row of this token) and instantiates anew only when the topology changed. A step begun at a position whose graph
+ * still fits (same key and tag, the position inside its attention bucket, no memory it uses
+ * freed since) is not captured at all: one 4-byte copy of the position and one cudaGraphLaunch,
+ * so a decode token costs that and one wait (cuda_impl.h invariant 5).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +59,7 @@ void *cu_scratch(cu_ctx *c, size_t bytes) {
     if (!c->capturing && cu_check(cudaStreamSynchronize(c->stream), "scratch sync")) return NULL;
     if (cu_check(cudaMalloc(&p, cap), "scratch")) return NULL;
     cu_free_later(c, c->scratch);
+    c->epoch++; /* graphs that read the old buffer are stale (invariant 5) */
     c->scratch = p;
     c->scratch_cap = cap;
     return p;
@@ -106,6 +109,8 @@ static void cu_free(cn_backend *b) {
     cudaFree(c->scratch);
     cudaFree(c->flag_dev);
     if (c->flag_host) cudaFreeHost(c->flag_host);
+    cudaFree(c->par_dev);
+    if (c->par_host) cudaFreeHost(c->par_host);
     if (c->blas) cublasDestroy(c->blas);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
@@ -130,7 +135,9 @@ static int cu_alloc(cn_backend *b, cn_tensor *t) {
 }
 
 static void cu_release(cn_backend *b, cn_tensor *t) {
-    cu_free_later(cu_ctx_of(b), t->data); /* inside a step (a misuse): at step_end */
+    cu_ctx *c = cu_ctx_of(b);
+    if (t->data) c->epoch++; /* a graph may point into it (invariant 5) */
+    cu_free_later(c, t->data); /* inside a step (a misuse): at step_end */
     t->data = NULL;
 }
 
@@ -256,7 +263,43 @@ static int cu_step_begin(cn_backend *b, int key) {
     if (rc) return rc;
     c->in_step = 1;
     c->step_key = key;
+    c->positioned = 0;
     return CN_OK;
+}
+
+/* A positioned step (backend.h (d)): the position reaches the device first (the previous step's
+ * end waited for the stream, so par_host is free); then the key's graph replays when it fits,
+ * else the step opens for ops as step_begin does, recording relative to pos. */
+static int cu_step_begin_at(cn_backend *b, int key, uint64_t tag, int pos) {
+    cu_ctx *c = cu_ctx_of(b);
+    if (c->in_step) return CN_EBUSY;
+    *c->par_host = pos;
+    int rc = cu_check(cudaMemcpyAsync(c->par_dev, c->par_host, sizeof(int),
+                                      cudaMemcpyHostToDevice, c->stream), "step position");
+    if (rc) return rc;
+    if (c->graphs) {
+        for (int i = 0; i < CU_GRAPH_SLOTS; i++) {
+            cu_graph *s = &c->slots[i];
+            if (!s->exec || s->key != key || !s->replayable || s->tag != tag ||
+                s->epoch != c->epoch || pos > s->pos_max)
+                continue;
+            rc = cu_check(cudaGraphLaunch(s->exec, c->stream), "step replay");
+            if (rc) return rc;
+            s->last_use = c->stats.steps;
+            c->stats.replayed++;
+            c->in_step = 1;
+            c->step_key = key;
+            c->positioned = 0; /* nothing is recorded: step_end only waits */
+            return 1;
+        }
+    }
+    rc = cu_step_begin(b, key);
+    if (rc) return rc;
+    c->positioned = 1;
+    c->step_pos = pos;
+    c->step_tag = tag;
+    c->pos_max = INT64_MAX;
+    return 0;
 }
 
 static int cu_set_record(cn_backend *b, int on) {
@@ -315,6 +358,10 @@ static int launch_graph(cu_ctx *c, cudaGraph_t g) {
         c->stats.instantiated++;
     }
     s->last_use = c->stats.steps;
+    s->replayable = c->positioned;
+    s->tag = c->step_tag;
+    s->epoch = c->epoch; /* after the capture: a scratch regrown inside it is the one recorded */
+    s->pos_max = c->pos_max;
     return cu_check(cudaGraphLaunch(s->exec, c->stream), "step launch");
 }
 
@@ -332,6 +379,7 @@ static int cu_step_end(cn_backend *b, int run) {
         if (g) cudaGraphDestroy(g);
     }
     c->in_step = 0;
+    c->positioned = 0;
     if (!run) {
         c->stats.discarded++;
         cudaStreamSynchronize(c->stream); /* eager ops already queued may use retired buffers */
@@ -385,6 +433,8 @@ static const cn_backend_iface cu_iface = {
     /* .copy_async = */ cu_copy_async,
     /* .fence_done = */ cu_fence_done,
     /* .fence_wait = */ cu_fence_wait,
+    /* .step_begin_at = */ cu_step_begin_at,
+    /* .set_rows = */ cu_set_rows,
 };
 
 extern "C" cn_backend *cn_cuda_backend_create(int device, cn_err *err) {
@@ -427,6 +477,11 @@ extern "C" cn_backend *cn_cuda_backend_create(int device, cn_err *err) {
         e = cudaMalloc(&c->flag_dev, sizeof(int));
     }
     if (e == cudaSuccess) e = cudaMallocHost(&c->flag_host, sizeof(int));
+    if (e == cudaSuccess) {
+        step = "step parameters";
+        e = cudaMalloc(&c->par_dev, sizeof(int));
+    }
+    if (e == cudaSuccess) e = cudaMallocHost(&c->par_host, sizeof(int));
     if (e != cudaSuccess) {
         cn_err_set(err, e == cudaErrorMemoryAllocation ? CN_ENOMEM : CN_EIO, "CUDA device %d: %s: %s",
                    device, step, cudaGetErrorString(e));

@@ -20,7 +20,8 @@ extern "C" {
 /* Creates a backend on CUDA device `device`. NULL on failure, err naming why (no device, driver
  * too old, out of memory). Steps (backend.h) are recorded as CUDA graphs unless the environment
  * has CAIRN_CUDA_GRAPHS=0 at creation or cn_backend_set_record turns it off; then their ops are
- * launched as called, still without a wait per op. */
+ * launched as called, still without a wait per op. A step begun at a position (backend.h (d)) is
+ * replayed from its graph, not captured again, while its key, tag and attention bucket hold. */
 cn_backend *cn_cuda_backend_create(int device, cn_err *err);
 
 /* What the steps of a CUDA backend did since creation. */
@@ -29,6 +30,7 @@ typedef struct cn_cuda_stats {
     uint64_t instantiated; /* graphs instantiated (first step of a key, or a changed topology) */
     uint64_t updated;      /* graphs updated in place (same topology, new parameters) */
     uint64_t discarded;    /* steps ended with run = 0 */
+    uint64_t replayed;     /* positioned steps launched from their graph without a capture */
 } cn_cuda_stats;
 
 /* Fills *out; 0, or CN_EINVAL if b is not a CUDA backend. */

@@ -1,5 +1,5 @@
-/* cuda_elementwise.cu - RMSNorm, the gated grouped RMSNorm, add/mul/silu/relu^2/scale and the
- * F32 <-> BF16/F16 conversions of copy, on the GPU.
+/* cuda_elementwise.cu - RMSNorm, the gated grouped RMSNorm, add/mul/silu/relu^2/scale, the
+ * F32 <-> BF16/F16 conversions of copy and set_rows (rows into a cache at a position), on the GPU.
  *
  * Promises: the same formulas as the CPU backend (silu = x / (1 + expf(-x)), sums of squares in
  * double, then fp32); y may alias an input wherever the contract allows it, because every thread
@@ -174,4 +174,42 @@ int cu_convert(cn_backend *b, cn_tensor *dst, const cn_tensor *src) {
         k_convert<CN_F16, CN_F32><<<blocks, 256, 0, c->stream>>>(d, ds, s, ss, R, C);
     else return CN_EUNSUPPORTED;
     return cu_launch_check("convert");
+}
+
+/* ---------------------------------------------------------------- set_rows */
+
+/* Rows of n bytes, copied as 4-byte words when every row and stride allows it. The first row is
+ * (pos ? *pos : 0) + delta, read on the device so that a replayed step writes where its
+ * position says (cuda_impl.h invariant 5); a range past dst_rows writes nothing. */
+template <typename W>
+__global__ void k_set_rows(char *dst, int64_t ds, int64_t dst_rows, const int *pos, int delta,
+                           const char *src, int64_t ss, int64_t R, int64_t n) {
+    const int64_t row = (int64_t)(pos ? *pos : 0) + delta;
+    if (row < 0 || row + R > dst_rows) return;
+    const int64_t per = n / (int64_t)sizeof(W);
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < R * per;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t r = i / per, j = i % per;
+        ((W *)(dst + (row + r) * ds))[j] = ((const W *)(src + r * ss))[j];
+    }
+}
+
+int cu_set_rows(cn_backend *b, cn_tensor *dst, int row, const cn_tensor *src) {
+    cu_ctx *c = cu_ctx_of(b);
+    const int64_t R = src->shape[0], esz = (int64_t)cn_dtype_size(src->dtype);
+    const int64_t n = src->shape[1] * esz;
+    if (esz == 0) return CN_EUNSUPPORTED;
+    if (R == 0 || n == 0) return CN_OK;
+    int delta;
+    const int *pos = cu_pos(c, row, &delta);
+    char *d = (char *)dst->data;
+    const char *s = (const char *)src->data;
+    const int64_t ds = dst->stride[0], ss = src->stride[0];
+    if (n % 4 == 0 && ds % 4 == 0 && ss % 4 == 0 && (uintptr_t)d % 4 == 0 && (uintptr_t)s % 4 == 0)
+        k_set_rows<uint32_t><<<cu_blocks(R * n / 4, 256), 256, 0, c->stream>>>(
+            d, ds, dst->shape[0], pos, delta, s, ss, R, n);
+    else
+        k_set_rows<unsigned char><<<cu_blocks(R * n, 256), 256, 0, c->stream>>>(
+            d, ds, dst->shape[0], pos, delta, s, ss, R, n);
+    return cu_launch_check("set_rows");
 }

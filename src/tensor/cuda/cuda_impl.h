@@ -27,6 +27,16 @@
  *      relaxed capture mode for the whole step: nothing may wait for the stream or free memory
  *      the recorded work might use, so cu_scratch grows by retiring the old buffer (freed at
  *      step_end after the step ran) and host transfers are refused with CN_EBUSY.
+ *      Replay (backend.h (d)): a step begun at a position writes that position to `par_host` and
+ *      queues one 4-byte copy of it into `par_dev` before the step (outside any capture); its
+ *      position arguments reach the kernels as `par_dev` plus the recorded delta (cu_pos), in
+ *      the eager path too, so replayed and eager steps run the same kernels on the same values.
+ *      Attention's split-K grid is then sized for a bucket (the span count rounded up to a
+ *      power of two, spans past the real length empty and skipped by the merge, so sums are
+ *      unchanged), and the capture records the highest position its grid serves (`pos_max`).
+ *      A slot replays (cudaGraphLaunch, no capture, no update) when key and tag match, the pos
+ *      fits pos_max and `epoch` is unchanged since its capture: the epoch grows whenever device
+ *      memory a graph may point to is freed or moved (scratch regrown, a tensor released).
  */
 #ifndef CN_CUDA_IMPL_H
 #define CN_CUDA_IMPL_H
@@ -67,6 +77,10 @@ typedef struct cu_graph {
     cudaGraphExec_t exec; /* NULL when the slot is free */
     size_t n_nodes;       /* of the graph it was instantiated from: another count, no update */
     uint64_t last_use;    /* step counter, to reuse the least recently used slot */
+    int replayable;       /* captured as a positioned step (invariant 5) */
+    uint64_t tag;         /* its tag */
+    uint64_t epoch;       /* cu_ctx.epoch when it was captured */
+    int64_t pos_max;      /* highest position its attention grids serve */
 } cu_graph;
 
 #define CU_GRAPH_SLOTS 4
@@ -90,6 +104,13 @@ typedef struct cu_ctx {
     int capturing;
     int step_key;
     cu_graph slots[CU_GRAPH_SLOTS];
+    int positioned;   /* the open step was begun at a position (invariant 5) */
+    int step_pos;     /* its position */
+    uint64_t step_tag;
+    int64_t pos_max;  /* of the step being recorded: min over its attention calls */
+    int *par_dev;     /* the position as kernels read it */
+    int *par_host;    /* pinned source of its copy */
+    uint64_t epoch;   /* grows when device memory a graph may use is freed or moved */
     void **retired;   /* device buffers to free once the step ran */
     int n_retired, cap_retired;
     cn_cuda_stats stats;
@@ -112,6 +133,18 @@ int cu_launch_check(const char *what);
 void *cu_scratch(cu_ctx *c, size_t bytes);
 /* Frees device memory now, or at step_end if a step is being recorded (invariant 5). */
 void cu_free_later(cu_ctx *c, void *p);
+/* A position argument of an op (backend.h (d)): inside a positioned step the device pointer to
+ * the step's position, with *delta = value - pos; else NULL, with *delta = value. Kernels use
+ * (p ? *p : 0) + delta. */
+static inline const int *cu_pos(const cu_ctx *c, int value, int *delta) {
+    if (!c->positioned) {
+        *delta = value;
+        return NULL;
+    }
+    *delta = value - c->step_pos;
+    return c->par_dev;
+}
+
 /* Resets the ids-check flag (queued), and reads it back after the queued work (waits); inside a
  * step both do nothing and the flag reads 0 (the verdict comes from step_end, invariant 5). */
 int cu_flag_reset(cu_ctx *c);
@@ -228,6 +261,7 @@ int cu_ssm_scan(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor
                 const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a, cn_tensor *state);
 int cu_attention(cn_backend *b, cn_tensor *out, const cn_tensor *q, const cn_tensor *kc,
                  const cn_tensor *vc, int n_past, int n_heads, int n_kv_heads, float scale);
+int cu_set_rows(cn_backend *b, cn_tensor *dst, int row, const cn_tensor *src);
 int cu_moe_route(cn_backend *b, cn_tensor *ids, cn_tensor *weights, const cn_tensor *logits,
                  const cn_tensor *bias, const cn_route_args *a);
 int cu_moe_combine(cn_backend *b, cn_tensor *y, const cn_tensor *rows, const cn_tensor *weights);
