@@ -82,7 +82,10 @@ int cn_model_open(cn_model **out, const char *dir, cn_backend *b, const cn_model
     cn_model *m = calloc(1, sizeof *m);
     if (!m) return cn_err_set(err, CN_ENOMEM, "out of memory");
     m->b = b;
-    m->s.ubatch = opts && opts->ubatch > 0 ? opts->ubatch : CN_UBATCH_DEFAULT;
+    int gpu = strcmp(cn_backend_name(b), "cpu") != 0;
+    m->s.ubatch = opts && opts->ubatch > 0 ? opts->ubatch
+                  : gpu                   ? CN_UBATCH_DEFAULT_GPU
+                                          : CN_UBATCH_DEFAULT;
     cn_load_stage_fn stage = opts ? opts->on_stage : NULL;
     if (stage) stage(opts->stage_ctx, CN_LOAD_CONFIG, 0);
     int rc = cn_config_load_dir(&m->cfg, dir, err);
