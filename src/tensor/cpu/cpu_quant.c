@@ -22,8 +22,10 @@
  * (the sign-extended code << 7 with bit 14 cleared is the fp16 of value / 256, subnormals
  * included), vcvtph2ps, then one multiply by 256 * 2^(e - 127) per 32. AVX-512: E4M3 -> fp32 bits
  * directly (cpu_impl.h: cpu_a5_e4m3_x2m120, value * 2^-120, half the instructions; MXFP8 decode
- * was bound by this conversion), then one multiply by 2^(e - 7). Then an FMA with the fp32
- * activations.
+ * was bound by this conversion), then one vscalefps by e - 7 (exponents of 16 blocks converted at
+ * once, no branch for the codes whose 2^(e - 7) overflows a float). Then an FMA with the fp32
+ * activations. One thread, 2688-wide rows: 27 G weights/s in L2 (the conversion's ceiling), and
+ * from DRAM 19 GB/s with decode's 8-row tiles prefetching two tiles ahead (9.5 before).
  * This is exactly the math of the dequantized weights (every step is exact but the sums).
  *
  * Invariants:
@@ -48,6 +50,10 @@ static const int8_t k_fp4x2[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -
 
 /* Weight rows one decode tile (T = 1) streams side by side. */
 #define NVFP4_NR1 8
+#define MXFP8_NR1 8
+/* Decode tiles ahead that MXFP8 prefetches (one row of K = 2688 bytes is 42 lines): 2 streamed
+ * 19 GB/s from DRAM on one core, against 16 for 1 and 9.5 for a 1 KiB offset inside the row. */
+#define MXFP8_PF_TILES 2
 
 /* ---------------------------------------------------------------- scalar */
 
@@ -472,39 +478,55 @@ A5Q_FN static void a5_quant_nvfp4(const float *x, int64_t K, int8_t *xq) {
     }
 }
 
+/* The E8M0 codes of 16 blocks (fewer under mask sm) as the vscalefps exponents that take
+ * cpu_a5_e4m3_x2m120's value * 2^-120 to value * 2^(e - 127): e - 7; NaN for the NaN code 255. */
+A5_IN __m512 a5_e8m0_exps16(const uint8_t *p, __mmask16 sm) {
+    const __m512i e = _mm512_cvtepu8_epi32(_mm512_castsi512_si128(_mm512_maskz_loadu_epi8(sm, p)));
+    const __m512 f = _mm512_cvtepi32_ps(_mm512_sub_epi32(e, _mm512_set1_epi32(7)));
+    return _mm512_mask_mov_ps(f, _mm512_cmpeq_epi32_mask(e, _mm512_set1_epi32(255)),
+                              _mm512_set1_ps(NAN));
+}
+
+/* Each weight is scaled exactly to its dequantized fp32 value (vscalefps by a power of two is
+ * one rounding of the exact product, as the dequantized table's), then one FMA per 16 values. */
 A5_IN void a5_mxfp8_block(int R, int NR, const cpu_wmat *w, const float *const *xr,
                           float *const *yr, int64_t n) {
     const int64_t K = w->K;
-    const uint8_t *wr[4], *sr[4];
-    __m512 acc[CPU_MM_ROWS][4];
-#pragma GCC unroll 4
+    const int64_t pf = MXFP8_PF_TILES * NR * w->stride; /* as a5_nvfp4_block */
+    const uint8_t *wr[8], *sr[8];
+    __m512 acc[CPU_MM_ROWS][8], se[8];
+#pragma GCC unroll 8
     for (int j = 0; j < NR; j++) {
         wr[j] = (const uint8_t *)w->data + (n + j) * w->stride;
         sr[j] = w->bs + (n + j) * w->bs_stride;
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int j = 0; j < NR; j++) acc[r][j] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; j++) se[j] = _mm512_setzero_ps(); /* set at k = 0 */
     for (int64_t k = 0; k < K; k += 32) {
-        __m512 wv[4][2];
-#pragma GCC unroll 4
+        const int64_t b = k / 32;
+        if (b % 16 == 0) {
+            const int64_t nb = (K - k) / 32;
+            const __mmask16 sm = nb >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << nb) - 1u);
+#pragma GCC unroll 8
+            for (int j = 0; j < NR; j++) se[j] = a5_e8m0_exps16(sr[j] + b, sm);
+        }
+        const __m512i bi = _mm512_set1_epi32((int)(b % 16));
+        __m512 wv[8][2];
+#pragma GCC unroll 8
         for (int j = 0; j < NR; j++) {
-            if (R == 1) _mm_prefetch((const char *)wr[j] + k + 1024, _MM_HINT_T0);
-            const uint8_t e = sr[j][k / 32];
-            __m512 w0 = cpu_a5_e4m3_x2m120(wr[j] + k), w1 = cpu_a5_e4m3_x2m120(wr[j] + k + 16);
-            if (e > 134) { /* 2^(e - 7) would overflow: undo the 2^-120 first (both exact) */
-                w0 = _mm512_mul_ps(w0, _mm512_set1_ps(0x1p120f));
-                w1 = _mm512_mul_ps(w1, _mm512_set1_ps(0x1p120f));
-            }
-            const __m512 s = _mm512_set1_ps(e > 134 ? w->lut8[e] : w->lut8[e] * 0x1p120f);
-            wv[j][0] = _mm512_mul_ps(w0, s);
-            wv[j][1] = _mm512_mul_ps(w1, s);
+            if (R == 1 && k % 64 == 0) _mm_prefetch((const char *)wr[j] + k + pf, _MM_HINT_T0);
+            const __m512 e = _mm512_permutexvar_ps(bi, se[j]);
+            wv[j][0] = _mm512_scalef_ps(cpu_a5_e4m3_x2m120(wr[j] + k), e);
+            wv[j][1] = _mm512_scalef_ps(cpu_a5_e4m3_x2m120(wr[j] + k + 16), e);
         }
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {
             __m512 x0 = _mm512_loadu_ps(xr[r] + k), x1 = _mm512_loadu_ps(xr[r] + k + 16);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int j = 0; j < NR; j++) {
                 acc[r][j] = _mm512_fmadd_ps(wv[j][0], x0, acc[r][j]);
                 acc[r][j] = _mm512_fmadd_ps(wv[j][1], x1, acc[r][j]);
@@ -532,6 +554,7 @@ A5_FN static void a5_mm_mxfp8(const cpu_wmat *w, const float *const *xr, float *
         for (; n < n1; n++) a5_mxfp8_block(2, 1, w, xr, yr, n);
         break;
     default:
+        for (; n + MXFP8_NR1 <= n1; n += MXFP8_NR1) a5_mxfp8_block(1, MXFP8_NR1, w, xr, yr, n);
         for (; n + 4 <= n1; n += 4) a5_mxfp8_block(1, 4, w, xr, yr, n);
         for (; n < n1; n++) a5_mxfp8_block(1, 1, w, xr, yr, n);
         break;
