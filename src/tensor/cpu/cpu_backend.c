@@ -58,10 +58,11 @@ static int has_f16c(void) {
     return (c & bit_F16C) != 0;
 }
 
-/* The AVX-512 NVFP4 kernel: vpdpbusd and 256-bit masked loads. */
+/* The AVX-512 NVFP4 kernel: vpdpbusd, vpermb and masked loads. */
 static int has_vnni(void) {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512vbmi");
 }
 
 static int pick_isa(void) {

@@ -35,13 +35,19 @@ typedef struct cpu_wmat {
 } cpu_wmat;
 
 /* NVFP4 activations, quantized once per call (cpu_quant.c): each x row becomes, in KP = K rounded
- * up to 64 (padding zero):
+ * up to 128 (padding zero), in the scalar and AVX2 layout:
  *   int8_t  q[KP]      round(x * 127 / amax) per block of 16 (amax of the block's |x|)
  *   float   d[KP / 4]  amax / 127 of the block holding values 4i..4i+3 (repeated per 4 values)
  *   int32_t c[KP / 4]  -12 * (q[4i] + .. + q[4i+3]): the correction that lets an unsigned weight
  *                      2 * e2m1 + 12 (0..24) multiply signed q (VNNI vpdpbusd is u8 x s8)
- * Lanes of 4 values are what one vpdpbusd int32 lane sums, at any vector width. */
-#define CPU_XQ_KPAD(K) (((K) + 63) & ~(int64_t)63)
+ * Lanes of 4 values are what one vpdpbusd int32 lane sums, at any vector width.
+ * The AVX-512 VNNI layout (same q, d and c values, 2 * KP bytes) pairs the even and odd columns:
+ *   int8_t  q[KP]      per 128 values at c0: 64 bytes q[c0 + 8l + 2m], then 64 bytes
+ *                      q[c0 + 8l + 2m + 1] (l < 16, m < 4)
+ *   float   d[KP / 8]  amax / 127 of the block holding values 8i..8i+7
+ *   int32_t c[KP / 8]  -12 * (q[8i] + .. + q[8i+7])
+ * The kernel table's quant_nvfp4 writes the layout its mm_nvfp4 reads. */
+#define CPU_XQ_KPAD(K) (((K) + 127) & ~(int64_t)127)
 #define CPU_XQ_BYTES(K) (3 * CPU_XQ_KPAD(K))
 
 /* Most x rows one matmul tile takes (each weight row loaded once is used for all of them). */
@@ -81,8 +87,9 @@ typedef struct cpu_kernels {
      * xq[r] a quantized row (CPU_XQ_BYTES layout), r < R (1..CPU_MM_ROWS), n in [n0, n1). */
     void (*mm_nvfp4)(const cpu_wmat *w, const int8_t *const *xq, float *const *yr, int R,
                      int64_t n0, int64_t n1);
-    /* Quantizes one activation row of K values (K % 16 == 0) into the CPU_XQ_BYTES layout.
-     * Identical bytes on every ISA (the same fp32 operations, max is order-free). */
+    /* Quantizes one activation row of K values (K % 16 == 0) into CPU_XQ_BYTES, in the layout
+     * this table's mm_nvfp4 reads. The same q and d on every ISA (the same fp32 operations, max
+     * is order-free). */
     void (*quant_nvfp4)(const float *x, int64_t K, int8_t *xq);
     /* MXFP8: as mm_tile, value = e4m3 * 2^(e8m0 - 127) per block of 32 (K % 32 == 0). */
     void (*mm_mxfp8)(const cpu_wmat *w, const float *const *xr, float *const *yr, int R,
