@@ -53,9 +53,15 @@ static int has_vnni(void) {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512vnni");
 }
+/* The AVX-512 NVFP4 kernel's extra needs (cpu_backend.c picks it on the same test). */
+static int has_vbmi(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vbmi");
+}
 #else
 static int isa(void) { return ISA_SCALAR; }
 static int has_vnni(void) { return 0; }
+static int has_vbmi(void) { return 0; }
 #endif
 
 /* ---- buffer ---------------------------------------------------------------------------------- */
@@ -173,13 +179,13 @@ static const double ops_per_iter[] = {
     NACC * 32 * 2.0,   /* vpmaddubsw + vpmaddwd + vpaddd ymm: 32 u8 x s8 products */
     NACC * 64 * 2.0,   /* vpdpbusd zmm: 64 u8 x s8 products */
     16 * 16 * 2.0,     /* 16 columns of 4 x 4 outputs */
-    16 * 64 * 2.0,     /* 64 columns of 4 x 4 outputs */
+    16 * 128 * 2.0,    /* 128 columns of 4 x 4 outputs */
 };
 static const char *const mode_name[] = {
     "scalar fp32 multiply-add", "avx2 fp32 vfmadd (ymm)", "avx512 fp32 vfmadd (zmm)",
     "avx2 int8 vpmaddubsw+vpmaddwd (ymm)", "avx512 int8 vpdpbusd (zmm)",
     "avx512 bf16 tile: 4 bf16 widenings (vpmovzxwd+vpslld) per 16 vfmadd (zmm)",
-    "avx512 nvfp4 tile: 4 e2m1 unpacks + 4 scale permutes per 16 x (vpdpbusd, vcvtdq2ps, vmulps, vfmadd) (zmm)",
+    "avx512 nvfp4 tile: 4 x (load, shift, 2 vpermb, scale permute) per 16 x (2 vpdpbusd, vcvtdq2ps, vmulps, vfmadd) (zmm)",
 };
 
 static float fma_scalar(long iters) {
@@ -311,13 +317,17 @@ __attribute__((target("avx512f,avx512bw"))) static float bf16_tile512(long iters
     return v[0] + v[15];
 }
 
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) static float nvfp4_tile512(long iters) {
-    uint8_t w[4 * 32];
-    int8_t q[4 * 64];
+/* One 128-value chunk of cpu_quant.c's NVFP4 prefill tile (a5_nvfp4_chunk, 4 weight rows x 4
+ * tokens): per weight row a 64-byte load, a shift, two vpermb and a scale permute; per token two
+ * activation loads and a scale load; per (token, row) a correction load, two vpdpbusd, a convert,
+ * a multiply and an FMA. Operands stay in L1, so this is the tile's arithmetic ceiling. */
+__attribute__((target("avx512f,avx512bw,avx512vnni,avx512vbmi"))) static float nvfp4_tile512(long iters) {
+    uint8_t w[4 * 64];
+    int8_t q[4 * 128];
     int32_t c[4 * 16];
     float d[4 * 16], sf[4 * 16];
-    for (int i = 0; i < 128; i++) w[i] = (uint8_t)(0x21 + i);
-    for (int i = 0; i < 256; i++) q[i] = (int8_t)(i % 7 - 3);
+    for (int i = 0; i < 256; i++) w[i] = (uint8_t)(0x21 + i);
+    for (int i = 0; i < 512; i++) q[i] = (int8_t)(i % 7 - 3);
     for (int i = 0; i < 64; i++) {
         c[i] = -12;
         d[i] = 1e-6f;
@@ -329,7 +339,7 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static float nvfp4_tile51
     const float *dp = d;
     const __m512i lut = _mm512_broadcast_i32x4(
         _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-    const __m512i sidx = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    const __m512i sidx = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
     __m512 sv[4];
 #pragma GCC unroll 4
     for (int j = 0; j < 4; j++) sv[j] = _mm512_loadu_ps(sf + 16 * j);
@@ -340,25 +350,25 @@ __attribute__((target("avx512f,avx512bw,avx512vnni"))) static float nvfp4_tile51
         for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
     for (long i = 0; i < iters; i++) {
         __asm__ volatile("" : "+r"(wp), "+r"(qp), "+r"(cp), "+r"(dp));
-        __m512i wu[4];
+        __m512i lo[4], hi[4];
         __m512 ws[4];
 #pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) { /* a5_fp4_unpack and the block-scale permute */
-            __m512i v = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(wp + 32 * j)));
-            __m512i idx = _mm512_ternarylogic_epi32(v, _mm512_slli_epi16(v, 4),
-                                                    _mm512_set1_epi16(0x0f0f), 0xa8);
-            wu[j] = _mm512_shuffle_epi8(lut, idx);
+        for (int j = 0; j < 4; j++) { /* a5_fp4_unpack128 and the block-scale permute */
+            const __m512i v = _mm512_loadu_si512((const void *)(wp + 64 * j));
+            lo[j] = _mm512_permutexvar_epi8(v, lut);
+            hi[j] = _mm512_permutexvar_epi8(_mm512_srli_epi16(v, 4), lut);
             ws[j] = _mm512_permutexvar_ps(sidx, sv[j]);
         }
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
-            const __m512i xv = _mm512_loadu_si512((const void *)(qp + 64 * r));
-            const __m512i cv = _mm512_loadu_si512((const void *)(cp + 16 * r));
+            const __m512i xe = _mm512_loadu_si512((const void *)(qp + 128 * r));
+            const __m512i xo = _mm512_loadu_si512((const void *)(qp + 128 * r + 64));
             const __m512 dv = _mm512_loadu_ps(dp + 16 * r);
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
-                __m512 f = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(cv, wu[j], xv));
-                acc[r][j] = _mm512_fmadd_ps(f, _mm512_mul_ps(ws[j], dv), acc[r][j]);
+                __m512i x = _mm512_loadu_si512((const void *)(cp + 16 * r));
+                x = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(x, lo[j], xe), hi[j], xo);
+                acc[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x), _mm512_mul_ps(ws[j], dv), acc[r][j]);
             }
         }
     }
@@ -404,7 +414,7 @@ double cn_probe_peak(cn_pool *pool, cn_peak_kind kind, double seconds, const cha
     /* the tile kinds exist for the AVX-512 kernels; elsewhere the widest plain kind stands in */
     if (kind == CN_PEAK_BF16_TILE && i == ISA_AVX512) c.mode = MODE_BF16_TILE512;
     if (kind == CN_PEAK_NVFP4_TILE) {
-        if (i == ISA_AVX512 && has_vnni()) c.mode = MODE_NVFP4_TILE512;
+        if (i == ISA_AVX512 && has_vnni() && has_vbmi()) c.mode = MODE_NVFP4_TILE512;
         else if (i >= ISA_AVX2) c.mode = MODE_I8_AVX2;
     }
     if (what) *what = mode_name[c.mode];
