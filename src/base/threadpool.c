@@ -14,15 +14,6 @@
  * waited for is often not running at all, polls shrink to a microsecond instead of burning the
  * time slice that thread needs.
  *
- * Late workers. When the machine runs more threads than it has cores, a worker is now and then
- * preempted in the middle of a range, and the caller, who cannot take over a claimed range, waits
- * a scheduler quantum (milliseconds) for a loop worth microseconds: two threads then decode slower
- * than one. A loop whose last range arrived more than 4 x the caller's own range time plus
- * POOL_LATE_NS after the caller's ranges is late; two late loops among the last 16 make the pool
- * run the next loops on the caller alone (same results: ranges do not depend on who runs them),
- * for a stretch that doubles while lateness persists (256 .. 8192 loops) and resets after 64
- * loops that were not late.
- *
  * Invariants:
  *  (1) `claim` packs (generation << 32 | next item). A worker claims a range only by a CAS that
  *      checks the generation, so a worker that wakes late for a finished loop can never run a range
@@ -66,10 +57,6 @@
 #define POOL_SPIN_MIN_NS 1000
 #define POOL_SPIN_CHECK 16 /* pauses between clock reads */
 
-#define POOL_LATE_NS 200000 /* beyond the caller's own range time: a preempted worker */
-#define POOL_SOLO_MIN 256      /* loops run on the caller alone after late ones, doubling ... */
-#define POOL_SOLO_MAX 8192     /* ... up to this */
-
 #define POOL_BUSY 0xfffffffeu /* `pub` while the job is being written */
 #define POOL_STOP 0xffffffffu /* `pub` once the pool is being freed */
 
@@ -79,11 +66,6 @@ struct cn_pool {
     pthread_t *workers; /* [n_threads - 1] */
     uint32_t gen;       /* the caller's generation counter (callers serialize) */
     int64_t spin_ns;    /* the caller's poll budget (callers serialize) */
-    /* late workers (callers serialize) */
-    uint32_t late_bits; /* 1 per late loop among the last 16 */
-    int on_time;        /* loops in a row that were not late */
-    int solo;           /* loops left to run on the caller alone */
-    int solo_len;       /* the next stretch of solo loops */
     pthread_mutex_t mu;      /* only for sleeping and waking */
     pthread_cond_t cv_start; /* a new generation (or stop) was published */
     pthread_cond_t cv_done;  /* done reached n */
@@ -131,15 +113,15 @@ static int loop_done(cn_pool *p, uint32_t n) {
     return atomic_load_explicit(&p->done, memory_order_acquire) >= (int)n;
 }
 
-/* Claims and runs ranges of generation `gen` until none is left; returns how many it ran. */
-static int run_ranges(cn_pool *p, uint32_t gen, cn_pool_fn fn, void *ctx, int n, int chunk) {
-    for (int ran = 0;; ran++) {
+/* Claims and runs ranges of generation `gen` until none is left. */
+static void run_ranges(cn_pool *p, uint32_t gen, cn_pool_fn fn, void *ctx, int n, int chunk) {
+    for (;;) {
         uint64_t cur = atomic_load_explicit(&p->claim, memory_order_relaxed);
         int begin;
         for (;;) {
-            if ((uint32_t)(cur >> 32) != gen) return ran;
+            if ((uint32_t)(cur >> 32) != gen) return;
             begin = (int)(uint32_t)cur;
-            if (begin >= n) return ran;
+            if (begin >= n) return;
             uint64_t want = ((uint64_t)gen << 32) | (uint32_t)(begin + chunk);
             if (atomic_compare_exchange_weak_explicit(&p->claim, &cur, want, memory_order_acq_rel,
                                                       memory_order_relaxed))
@@ -179,7 +161,7 @@ static void *worker_main(void *arg) {
         atomic_thread_fence(memory_order_acquire);
         if (atomic_load_explicit(&p->pub, memory_order_relaxed) != g) continue; /* invariant 3 */
         seen = g;
-        (void)run_ranges(p, g, fn, ctx, n, chunk);
+        run_ranges(p, g, fn, ctx, n, chunk);
     }
     return NULL;
 }
@@ -190,7 +172,6 @@ cn_pool *cn_pool_create(int n_threads) {
     if (!p) return NULL;
     p->n_threads = n_threads;
     p->spin_ns = POOL_SPIN_MAX_NS;
-    p->solo_len = POOL_SOLO_MIN;
     if (pthread_mutex_init(&p->mu, NULL)) goto err_free;
     if (pthread_cond_init(&p->cv_start, NULL)) goto err_mu;
     if (pthread_cond_init(&p->cv_done, NULL)) goto err_start;
@@ -243,29 +224,10 @@ void cn_pool_free(cn_pool *p) {
 
 int cn_pool_size(const cn_pool *p) { return p ? p->n_threads : 1; }
 
-/* Records whether a loop was late; two late loops among the last 16 start a solo stretch. */
-static void note_loop(cn_pool *p, int late) {
-    p->late_bits = (p->late_bits << 1 | (uint32_t)late) & 0xffffu;
-    if (!late) {
-        if (++p->on_time >= 64) p->solo_len = POOL_SOLO_MIN;
-        return;
-    }
-    p->on_time = 0;
-    if (__builtin_popcount(p->late_bits) < 2) return;
-    p->solo = p->solo_len;
-    p->solo_len = p->solo_len * 2 < POOL_SOLO_MAX ? p->solo_len * 2 : POOL_SOLO_MAX;
-    p->late_bits = 0;
-}
-
 void cn_pool_for(cn_pool *p, int n, int grain, cn_pool_fn fn, void *ctx) {
     if (n <= 0) return;
     if (grain < 1) grain = 1;
     if (!p || p->n_threads == 1 || n <= grain) {
-        fn(ctx, 0, n);
-        return;
-    }
-    if (p->solo > 0) { /* late workers: see the top */
-        p->solo--;
         fn(ctx, 0, n);
         return;
     }
@@ -291,19 +253,12 @@ void cn_pool_for(cn_pool *p, int n, int grain, cn_pool_fn fn, void *ctx) {
         pthread_mutex_unlock(&p->mu);
     }
 
-    int64_t t0 = now_ns();
-    int mine = run_ranges(p, gen, fn, ctx, n, chunk);
-    int64_t t1 = now_ns();
+    run_ranges(p, gen, fn, ctx, n, chunk);
 
-    if (spin_until(p, loop_done, (uint32_t)n, &p->spin_ns)) {
-        note_loop(p, 0);
-        return;
-    }
+    if (spin_until(p, loop_done, (uint32_t)n, &p->spin_ns)) return;
     pthread_mutex_lock(&p->mu);
     atomic_store(&p->waiting, 1); /* seq_cst, then `done`: invariant 5 */
     while (atomic_load(&p->done) < n) pthread_cond_wait(&p->cv_done, &p->mu);
     atomic_store_explicit(&p->waiting, 0, memory_order_relaxed);
     pthread_mutex_unlock(&p->mu);
-    /* with no range of its own the caller has no measure of what a range costs */
-    note_loop(p, mine > 0 && now_ns() - t1 > 4 * (t1 - t0) / mine + POOL_LATE_NS);
 }

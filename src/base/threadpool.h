@@ -1,10 +1,9 @@
 /* threadpool.h - a fixed pool of worker threads running one parallel loop at a time.
  *
  * cn_pool_for(pool, n, fn, ctx) splits [0, n) into contiguous ranges, calls fn(ctx, begin, end) on
- * the workers and the calling thread (on the calling thread alone for a while after workers ran
- * late, as preempted threads do on an oversubscribed machine), and returns when every range is
- * done. It never allocates after creation. A NULL pool or a pool of one thread runs fn(ctx, 0, n)
- * inline. One loop at a time per pool: callers serialize (the backend that owns the pool does).
+ * the workers and the calling thread, and returns when every range is done. It never allocates
+ * after creation. A NULL pool or a pool of one thread runs fn(ctx, 0, n) inline. One loop at a
+ * time per pool: callers serialize (the backend that owns the pool does).
  */
 #ifndef CN_THREADPOOL_H
 #define CN_THREADPOOL_H

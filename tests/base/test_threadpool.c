@@ -1,16 +1,13 @@
 /* test_threadpool.c - cn_pool_for hands every item to fn exactly once, for any pool size, grain
  * and n, across many back-to-back loops (the case where a late worker could touch the next loop),
  * and across the pool's waits: loops published to workers that stopped spinning and fell asleep,
- * loops whose ranges outlast the caller's spin (it sleeps and must be woken), workers much slower
- * than the caller (the pool may then run loops on the caller alone for a while, and back), and a
- * pool freed while its workers sleep or spin. A lost wake-up hangs: an alarm turns a hang into a
- * failure. */
+ * loops whose ranges outlast the caller's spin (it sleeps and must be woken), and a pool freed
+ * while its workers sleep or spin. A lost wake-up hangs: an alarm turns a hang into a failure. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
-#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -157,33 +154,6 @@ static void test_caller_waits_out_slow_ranges(void **state) {
     cn_pool_free(p); /* frees spinning workers */
 }
 
-static pthread_t g_caller;
-
-/* Ranges run by a worker take 1 ms, the caller's none: the loops look like a preempted worker's. */
-static void slow_worker_fn(void *arg, int begin, int end) {
-    if (!pthread_equal(pthread_self(), g_caller)) nap(1);
-    count_fn(arg, begin, end);
-}
-
-static void test_slow_workers(void **state) {
-    (void)state;
-    g_caller = pthread_self();
-    cn_pool *p = cn_pool_create(2);
-    assert_non_null(p);
-    for (int l = 0; l < 300; l++) {
-        int n = 16 + l % 5;
-        count_ctx c = {.n = n};
-        c.hits = calloc((size_t)n, sizeof *c.hits);
-        assert_non_null(c.hits);
-        atomic_init(&c.calls, 0);
-        cn_pool_for(p, n, 1, l < 200 ? slow_worker_fn : count_fn, &c);
-        for (int i = 0; i < n; i++) assert_int_equal(atomic_load(&c.hits[i]), 1);
-        assert_int_equal(c.bad_range, 0);
-        free(c.hits);
-    }
-    cn_pool_free(p);
-}
-
 int main(void) {
     alarm(120); /* a lost wake-up hangs: fail instead of waiting for ctest's timeout */
     const struct CMUnitTest tests[] = {
@@ -193,7 +163,6 @@ int main(void) {
         cmocka_unit_test(test_many_back_to_back_loops),
         cmocka_unit_test(test_loops_after_workers_sleep),
         cmocka_unit_test(test_caller_waits_out_slow_ranges),
-        cmocka_unit_test(test_slow_workers),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
