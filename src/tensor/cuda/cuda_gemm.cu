@@ -582,8 +582,7 @@ int cu_matmul(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor *
 
 /* ---------------------------------------------------------------- gathered by expert */
 
-/* One block: checks ids, counts rows per expert, lays out tiles of <= tm rows of one expert and
- * the rows' order. On a bad id: *flag = 1 and no tiles (the compute kernel then writes nothing). */
+/* See cuda_impl.h. */
 __global__ void __launch_bounds__(1024) k_gather_prep(const char *__restrict__ ids, int64_t ids_stride,
                                                       int T, int k, int n_w, int tm, int *flag,
                                                       int *cnt /* [2 * n_w] */, int *order,

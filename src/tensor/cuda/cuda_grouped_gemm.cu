@@ -346,52 +346,6 @@ int cu_gg_dense(cu_ctx *c, cn_tensor *y, const cn_tensor *w, const cn_tensor *x)
     return gg_dispatch(c, w->dtype, a, bm, (unsigned)tiles);
 }
 
-/* One block: checks ids, counts rows per expert, lays out tiles of <= tm rows of one expert and
- * the rows' order (ascending within an expert is not needed: rows are independent). On a bad id:
- * *flag = 1 and no tiles (the GEMM then writes nothing). */
-__global__ void __launch_bounds__(1024) k_gg_prep(const char *__restrict__ ids, int64_t ids_stride,
-                                                  int T, int k, int n_w, int tm, int *flag,
-                                                  int *cnt /* [2 * n_w] */, int *order,
-                                                  cu_tile *tiles, int *n_tiles) {
-    int *fill = cnt + n_w;
-    const int rows = T * k;
-    for (int e = threadIdx.x; e < n_w; e += blockDim.x) cnt[e] = 0;
-    __syncthreads();
-    int bad = 0;
-    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
-        const int e = ((const int32_t *)(ids + (int64_t)(r / k) * ids_stride))[r % k];
-        if (e < 0 || e >= n_w) bad = 1;
-        else atomicAdd(&cnt[e], 1);
-    }
-    if (__syncthreads_or(bad)) {
-        if (threadIdx.x == 0) {
-            *flag = 1;
-            *n_tiles = 0;
-        }
-        return;
-    }
-    if (threadIdx.x == 0) {
-        int s = 0, nt = 0;
-        for (int e = 0; e < n_w; e++) {
-            const int ce = cnt[e];
-            for (int p = s; p < s + ce; p += tm) {
-                tiles[nt].expert = e;
-                tiles[nt].begin = p;
-                tiles[nt].end = p + tm < s + ce ? p + tm : s + ce;
-                nt++;
-            }
-            fill[e] = s;
-            s += ce;
-        }
-        *n_tiles = nt;
-    }
-    __syncthreads();
-    for (int r = threadIdx.x; r < rows; r += blockDim.x) {
-        const int e = ((const int32_t *)(ids + (int64_t)(r / k) * ids_stride))[r % k];
-        order[atomicAdd(&fill[e], 1)] = r;
-    }
-}
-
 int cu_gg_gather(cu_ctx *c, cn_tensor *y, const cu_wexp *table, int n_w, cn_dtype dt,
                  const cn_tensor *x, const cn_tensor *ids) {
     const int64_t T = ids->shape[0], k = ids->shape[1], rows = T * k;
@@ -412,7 +366,7 @@ int cu_gg_gather(cu_ctx *c, cn_tensor *y, const cu_wexp *table, int n_w, cn_dtyp
     cu_tile *tiles = (cu_tile *)(mem + pbytes + n_int * sizeof(int));
     int rc = cu_flag_reset(c);
     if (rc) return rc;
-    k_gg_prep<<<1, 1024, 0, c->stream>>>((const char *)ids->data, ids->stride[0], (int)T, (int)k,
+    k_gather_prep<<<1, 1024, 0, c->stream>>>((const char *)ids->data, ids->stride[0], (int)T, (int)k,
                                          n_w, bm, c->flag_dev, cnt, order, tiles, n_tiles);
     if ((rc = cu_launch_check("gather prep (tensor cores)"))) return rc;
     if ((rc = gg_split(c, x, planes))) return rc;

@@ -288,6 +288,13 @@ typedef struct cu_tile {
     int begin, end; /* positions in `order` (gather) or rows (dense) */
 } cu_tile;
 
+/* One block of 1024 threads (cuda_gemm.cu), shared by the SIMT and the tensor-core gathers: checks
+ * the ids, counts rows per expert, lays out tiles of <= tm rows of one expert and the rows' order.
+ * On a bad id: *flag = 1 and no tiles, so the GEMM that follows writes nothing. */
+__global__ void __launch_bounds__(1024)
+    k_gather_prep(const char *__restrict__ ids, int64_t ids_stride, int T, int k, int n_w, int tm,
+                  int *flag, int *cnt /* [2 * n_w] */, int *order, cu_tile *tiles, int *n_tiles);
+
 /* Tensor-core GEMMs for prefill (cuda_grouped_gemm.cu). cu_gg_fits: whether the weights (all of
  * dtype dt) can take them; then cu_gg_dense is matmul, cu_gg_gather matmul_gather with the
  * expert table already built (same contract, including the ids verdict). */
