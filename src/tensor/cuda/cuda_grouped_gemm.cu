@@ -315,6 +315,19 @@ static cu_wexp gg_wexp(const cn_tensor *w) {
     return e;
 }
 
+/* The arguments every tensor-core GEMM takes: the split planes of x, y and the shape. */
+static gg_args gg_io(const __nv_bfloat16 *planes, size_t plane, cn_tensor *y, int64_t K, int64_t N) {
+    gg_args a;
+    memset(&a, 0, sizeof a);
+    a.xs = planes;
+    a.plane = (int64_t)plane;
+    a.y = (char *)y->data;
+    a.ys = y->stride[0];
+    a.K = (int)K;
+    a.N = (int)N;
+    return a;
+}
+
 static int gg_split(cu_ctx *c, const cn_tensor *x, __nv_bfloat16 *planes) {
     const int64_t T = x->shape[0], K = x->shape[1];
     k_gg_split<<<cu_blocks(T * K, 256), 256, 0, c->stream>>>((const char *)x->data, x->stride[0],
@@ -330,14 +343,7 @@ int cu_gg_dense(cu_ctx *c, cn_tensor *y, const cn_tensor *w, const cn_tensor *x)
     if (!planes) return CN_ENOMEM;
     int rc = gg_split(c, x, planes);
     if (rc) return rc;
-    gg_args a;
-    memset(&a, 0, sizeof a);
-    a.xs = planes;
-    a.plane = (int64_t)plane;
-    a.y = (char *)y->data;
-    a.ys = y->stride[0];
-    a.K = (int)K;
-    a.N = (int)N;
+    gg_args a = gg_io(planes, plane, y, K, N);
     a.rows = (int)T;
     a.dense = gg_wexp(w);
     const int bm = T <= 32 ? 32 : 64;
@@ -370,14 +376,7 @@ int cu_gg_gather(cu_ctx *c, cn_tensor *y, const cu_wexp *table, int n_w, cn_dtyp
                                          n_w, bm, c->flag_dev, cnt, order, tiles, n_tiles);
     if ((rc = cu_launch_check("gather prep (tensor cores)"))) return rc;
     if ((rc = gg_split(c, x, planes))) return rc;
-    gg_args a;
-    memset(&a, 0, sizeof a);
-    a.xs = planes;
-    a.plane = (int64_t)plane;
-    a.y = (char *)y->data;
-    a.ys = y->stride[0];
-    a.K = (int)K;
-    a.N = (int)N;
+    gg_args a = gg_io(planes, plane, y, K, N);
     a.table = table;
     a.tiles = tiles;
     a.n_tiles = n_tiles;
