@@ -663,7 +663,9 @@ int cn_bench_model(int argc, char **argv) {
         if (i == 1 && warm[1] == warm[0]) break;
         if ((rc = cn_state_reset(B.s)) == 0 && warm[i] > 0) rc = prefill(&B, warm[i]);
     }
-    if (rc || (rc = decode(&B, 2))) {
+    /* the decodes from a fresh state: after a warm-up of the whole prompt (ubatch >= --prompt)
+     * they would not fit in it */
+    if (rc || (rc = cn_state_reset(B.s)) || (rc = decode(&B, 2))) {
         fprintf(stderr, "cairn: warm-up forward: %s\n", cn_strerror(rc));
         goto done;
     }

@@ -123,7 +123,7 @@ int cn_cmd_generate(int argc, char **argv) {
         {"cache-disk", CN_FLAG_SIZE, &eo.disk_budget, "SIZE", "disk for restore points under --cache-dir (default 16G)", 0, 0},
         {"backend", CN_FLAG_STR, &backend, "NAME", "cpu, cuda or cuda:N (default: $CAIRN_BACKEND or cpu)", 0, 0},
         {"threads", CN_FLAG_INT, &threads, "N", "CPU threads (default: all cores)", 0, 0},
-        {"ubatch", CN_FLAG_INT, &ubatch, "N", "tokens per forward chunk of scratch (default 1024 on the CPU, 256 on a GPU)", 0, 0},
+        {"ubatch", CN_FLAG_INT, &ubatch, "N", "tokens per forward chunk of scratch (default 1024 on the CPU, 2048 on a GPU)", 0, 0},
         {"speculate", CN_FLAG_BOOL, &spec_on, NULL, "draft with the model's MTP head (default when it has one)", 0, 0},
         {"no-speculate", CN_FLAG_BOOL, &spec_off, NULL, "decode plainly", 0, 0},
         {"speculate-depth", CN_FLAG_INT, &eo.spec_depth, "N", "exactly N drafts per round (default: the controller picks, up to 4)", 0, 0},

@@ -16,7 +16,7 @@ int cn_cmd_logits(int argc, char **argv) {
         {"out", CN_FLAG_STR, &out_path, "FILE", "where to write the logits", 1, 0},
         {"backend", CN_FLAG_STR, &backend, "NAME", "cpu, cuda or cuda:N (default: $CAIRN_BACKEND or cpu)", 0, 0},
         {"threads", CN_FLAG_INT, &threads, "N", "CPU threads (default: all cores)", 0, 0},
-        {"ubatch", CN_FLAG_INT, &ubatch, "N", "tokens per forward chunk (default 1024 on the CPU, 256 on a GPU)", 0, 0},
+        {"ubatch", CN_FLAG_INT, &ubatch, "N", "tokens per forward chunk (default 1024 on the CPU, 2048 on a GPU)", 0, 0},
         {NULL, 0, NULL, NULL, NULL, 0, 0},
     };
     int rc = cn_flags_parse(flags, argc, argv, "logits --model DIR --tokens IDS --out FILE [--backend NAME]");

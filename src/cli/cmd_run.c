@@ -585,7 +585,7 @@ int cn_cmd_run(int argc, char **argv) {
         {"cache-dir", CN_FLAG_STR, &eo.cache_dir, "DIR", "keep restore points on disk in DIR", 0, 0},
         {"cache-disk", CN_FLAG_SIZE, &eo.disk_budget, "SIZE", "disk for restore points under --cache-dir (default 16G)", 0, 0},
         {"threads", CN_FLAG_INT, &threads, "N", "CPU threads (default: all cores)", 0, 0},
-        {"ubatch", CN_FLAG_INT, &ubatch, "N", "tokens per forward chunk of scratch (default 1024 on the CPU, 256 on a GPU)", 0, 0},
+        {"ubatch", CN_FLAG_INT, &ubatch, "N", "tokens per forward chunk of scratch (default 1024 on the CPU, 2048 on a GPU)", 0, 0},
         {"verbose", CN_FLAG_BOOL, &o.verbose, NULL, "print token counts and timings after each answer", 0, 0},
         {"quiet", CN_FLAG_BOOL, &o.quiet, NULL, "print nothing but answers and errors", 0, 0},
         {"json", CN_FLAG_BOOL, &o.json, NULL, "one JSON object per answer instead of streamed text", 0, 0},

@@ -103,7 +103,7 @@ int cn_cmd_serve(int argc, char **argv) {
         {"no-speculate", CN_FLAG_BOOL, &eo.no_speculate, NULL, "decode plainly even with an MTP head (requests may also set options.speculate)", 0, 0},
         {"threads", CN_FLAG_INT, &threads, "N", "CPU threads (default: all cores)", 0, 0},
         {"backend", CN_FLAG_STR, &backend, "NAME", "cpu, cuda or cuda:N (default: $CAIRN_BACKEND or cpu)", 0, 0},
-        {"ubatch", CN_FLAG_INT, &ubatch, "N", "tokens per forward chunk of scratch (default 1024 on the CPU, 256 on a GPU)", 0, 0},
+        {"ubatch", CN_FLAG_INT, &ubatch, "N", "tokens per forward chunk of scratch (default 1024 on the CPU, 2048 on a GPU)", 0, 0},
         {"quiet", CN_FLAG_BOOL, &quiet, NULL, "print nothing but errors", 0, 0},
         {"json", CN_FLAG_BOOL, &json, NULL, "print one JSON line on stdout when ready (host, port, model)", 0, 0},
         {NULL, 0, NULL, NULL, NULL, 0, 0},

@@ -7,7 +7,8 @@
  * Nothing here allocates: scratch is sized at open for `ubatch` tokens and every batch is cut into
  * pieces of at most that many. A one-token piece (decode, an MTP draft) runs as one backend step
  * (backend.h): every op between one upload and the downloads, so a GPU backend waits once per
- * token and may replay the step as a graph.
+ * token and may replay the step as a graph. A longer piece's layers are one step too, never
+ * recorded (CN_STEP_EAGER): its index checks wait once, at the piece's end.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -339,7 +340,7 @@ static int head(cn_model *m, const cn_tensor *norm, int r0, int n, float *logits
 /* ---- one-token steps ------------------------------------------------------------------------- */
 
 /* Step keys (backend.h): one per op sequence, so a backend that records steps keeps each apart. */
-enum { STEP_DECODE, STEP_DECODE_CAPTURE, STEP_MTP };
+enum { STEP_DECODE, STEP_DECODE_CAPTURE, STEP_MTP, STEP_PREFILL };
 
 /* The tag of a positioned step (backend.h (d)): what its ops depend on besides the position. */
 static uint64_t step_tag(const cn_state *st, int head) {
@@ -468,8 +469,12 @@ int cn_model_forward(cn_model *m, cn_state *st, cn_batch *bt) {
             done += T;
             continue;
         }
-        if ((rc = cn_op_get_rows(b, &x, &m->w.embed, &ids))) goto fail;   /* h = embed[tok] */
-        if ((rc = run_layers(m, m->w.layers, st, offset, T, seg, n_seg, bt->captures))) goto fail;
+        /* the piece's layers as one step that is never recorded: no op waits for the device
+         * inside it (the tokens were checked above, the routes come from moe_route) */
+        if ((rc = cn_backend_step_begin(b, STEP_PREFILL | CN_STEP_EAGER))) goto fail;
+        rc = cn_op_get_rows(b, &x, &m->w.embed, &ids);                      /* h = embed[tok] */
+        if (!rc) rc = run_layers(m, m->w.layers, st, offset, T, seg, n_seg, bt->captures);
+        if ((rc = step_finish(b, rc))) goto fail;
         if (bt->all_logits) {
             rc = head(m, &m->w.norm_f, 0, T, bt->logits ? bt->logits + (size_t)done * V : NULL,
                       bt->hidden ? bt->hidden + (size_t)done * H : NULL);

@@ -47,11 +47,14 @@ typedef void (*cn_load_stage_fn)(void *ctx, cn_load_stage stage, uint64_t bytes)
  * --ubatch 256|1024`, back to back, prefill 87 and 129 tok/s (0.18 GB more scratch); the BF16
  * gathered matmul alone, one thread, 128 experts of 1856 x 2688, top 6: 80-97 GFLOP/s per CPU
  * second at 256 tokens, 105-120 at 1024. A served request's forwards are at most the engine's
- * chunk (cn_engine_opts.chunk, 512) anyway. On the CUDA backend the same change halved prefill
- * on the H200 (`cairn bench --backend cuda --preset nano-shape --layers 6 --weights bf16`: 57,922
- * tok/s at 256, 25,731 at 1024, cause not yet found), so GPU backends keep 256 until it is. */
+ * chunk (cn_engine_opts.chunk, 512) anyway. On the CUDA backend the experts' grouped GEMM gains
+ * the same way, and more rows per expert fill its 128-row tiles: on the H200 (`cairn bench
+ * --backend cuda --preset nano-shape --layers 6 --weights bf16 --ubatch 1024|2048`, one device
+ * call) prefill ran at 119,078 and 125,977 tok/s on 2048-token prompts before the pipelined
+ * grouped GEMM; 256 gave 58,047 against 90,145 at 1024 in another call. (Session 3 saw 1024
+ * halve it, 25,731 vs 57,922; not reproduced at 062f20a.) GPU pieces take 2048. */
 #define CN_UBATCH_DEFAULT 1024
-#define CN_UBATCH_DEFAULT_GPU 256
+#define CN_UBATCH_DEFAULT_GPU 2048
 
 typedef struct cn_model_opts {
     int ubatch; /* tokens per internal forward chunk (scratch size); 0 = CN_UBATCH_DEFAULT, or

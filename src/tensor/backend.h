@@ -128,6 +128,10 @@ int cn_backend_fence_wait(cn_backend *b, uint64_t fence, int host);
  *      a freed tensor: it records again after either changed). Returns 0 when the step is open
  *      for ops as with step_begin. */
 int cn_backend_step_begin(cn_backend *b, int key);
+/* A key with this bit set names a step that is never recorded: its ops run as called, still
+ * without waiting inside the step ((a), (b)), for a forward that is not repeated (a prefill piece:
+ * one wait at its end instead of one per index check). */
+#define CN_STEP_EAGER (1 << 30)
 int cn_backend_step_begin_at(cn_backend *b, int key, uint64_t tag, int pos);
 int cn_backend_step_end(cn_backend *b, int run);
 

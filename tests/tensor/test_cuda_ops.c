@@ -168,7 +168,7 @@ static const cn_dtype k_wdt[] = {CN_F32, CN_BF16, CN_F16, CN_F8_E4M3};
 
 static void test_matmul(void **st) {
     (void)st;
-    const int64_t Ts[] = {1, 5, 8, 13, 40, 77};
+    const int64_t Ts[] = {1, 5, 8, 13, 40, 77, 150}; /* 150: F8's tensor-core tiles of 128 rows */
     for (int64_t K = 200; K <= 256; K += 56) /* 256: every dtype's rows load 16 bytes at a time */
     for (size_t d = 0; d < sizeof k_wdt / sizeof k_wdt[0]; d++)
         for (size_t i = 0; i < sizeof Ts / sizeof Ts[0]; i++) {
@@ -218,8 +218,8 @@ static void test_matmul_gather(void **st) {
     enum { NW = 8 };
     /* T, k: T*k <= 32 takes the gather GEMV (8x4 its edge), more the sorted tiles: SIMT at
      * K = 72, on tensor cores at K = 256 for BF16 and F8 (32-row tiles up to 32 rows per expert
-     * on average, then 64: 80x4) */
-    const int64_t cases[][2] = {{1, 3}, {3, 2}, {8, 4}, {11, 3}, {40, 4}, {80, 4}};
+     * on average, then 64: 80x4, then 128 above 64: 150x4) */
+    const int64_t cases[][2] = {{1, 3}, {3, 2}, {8, 4}, {11, 3}, {40, 4}, {80, 4}, {150, 4}};
     for (int64_t K = 72; K <= 256; K += 184)
     for (size_t d = 0; d < sizeof k_wdt / sizeof k_wdt[0]; d++)
         for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
@@ -407,7 +407,7 @@ static void test_copy(void **st) {
 
 static void test_conv1d(void **st) {
     (void)st;
-    const int64_t T = 9, C = 70, K = 4;
+    const int64_t T = 21, C = 70, K = 4; /* > 8 tokens: one thread per output (cuda_ssm.cu) */
     pv x = pv_make(T, C, 2, -1, 1), y = pv_make(T, C, 1, 0, 0);
     pv w = pv_make(C, K, 0, -0.5f, 0.5f), bias = vec_make(C, -0.2f, 0.2f);
     pv s = pv_make(K - 1, C, 0, -1, 1);
@@ -415,7 +415,8 @@ static void test_conv1d(void **st) {
     assert_int_equal(cn_op_conv1d(g_cu, &y.g, &x.g, &w.g, &bias.g, &s.g), 0);
     pv_expect("conv1d y", &y, TOL_EW);
     pv_expect("conv1d state", &s, 0.0);
-    /* again from the new state, in two pieces on CUDA and one on the CPU, no bias */
+    /* again from the new state, in two pieces on CUDA (2 tokens walked in time, then 19 in
+     * parallel) and one on the CPU, no bias */
     assert_int_equal(cn_op_conv1d(g_cpu, &y.c, &x.c, &w.c, NULL, &s.c), 0);
     cn_tensor y0 = cn_tensor_rows(&y.g, 0, 2), y1 = cn_tensor_rows(&y.g, 2, T - 2);
     cn_tensor x0 = cn_tensor_rows(&x.g, 0, 2), x1 = cn_tensor_rows(&x.g, 2, T - 2);
@@ -473,7 +474,12 @@ static void test_ssm_scan(void **st) {
     (void)st;
     check_scan(4, 8, 2, 16, 9);
     check_scan(6, 5, 3, 48, 11);  /* lanes partly idle */
+    /* from 32 tokens the chunked kernel (cuda_ssm.cu): chunks of 32 with tails, p rows in blocks
+     * of 16 (partly live), 1, 2 and 4 state values per lane */
     check_scan(2, 4, 1, 128, 33); /* nano's d_state */
+    check_scan(3, 20, 1, 128, 75);
+    check_scan(4, 8, 2, 16, 70);
+    check_scan(6, 5, 3, 48, 40);
 }
 
 static void check_attention(cn_dtype kvdt, int Hq, int Hkv, int Dh, int n_past, int T) {
@@ -651,7 +657,7 @@ static double pq_err(const pq *q, const pv *x, const pv *y, const int32_t *ids, 
 static void test_block_scaled(void **st) {
     (void)st;
     const cn_dtype dts[] = {CN_NVFP4, CN_MXFP8};
-    const int64_t Ts[] = {1, 3, 8, 13, 40};
+    const int64_t Ts[] = {1, 3, 8, 13, 40, 150}; /* 150: tiles of 128 rows and a tail */
     for (size_t d = 0; d < 2; d++)
         for (int64_t K = 256; K <= 288; K += 16) { /* NVFP4 272: rows not 16-byte vectors */
             if (dts[d] == CN_MXFP8 && K % 32) continue;
@@ -692,9 +698,9 @@ static void test_block_scaled(void **st) {
         }
     /* gathered experts: the gather GEMV (T*k <= 32) and the sorted tiles */
     enum { NW = 5 };
-    const int64_t cases[][2] = {{1, 3}, {11, 3}, {60, 3}};
+    const int64_t cases[][2] = {{1, 3}, {11, 3}, {60, 3}, {130, 3}}; /* 130x3: 78 rows per expert */
     for (size_t d = 0; d < 2; d++)
-        for (size_t ci = 0; ci < 3; ci++) {
+        for (size_t ci = 0; ci < 4; ci++) {
             const int64_t T = cases[ci][0], k = cases[ci][1], K = 256, N = 48;
             pq ws[NW];
             const cn_tensor *wg[NW];
@@ -702,7 +708,7 @@ static void test_block_scaled(void **st) {
                 pq_make(&ws[e], dts[d], N, K);
                 wg[e] = &ws[e].g;
             }
-            int32_t ids[256];
+            int32_t ids[512];
             for (int64_t i = 0; i < T * k; i++) ids[i] = (int32_t)unif(0, NW - 0.001f);
             pid id = pid_make(T, k, ids);
             pv x = pv_make(T, K, 3, -1, 1), y = pv_make(T * k, N, 1, 0, 0);

@@ -246,7 +246,7 @@ static int cu_sync(cn_backend *b) {
 static int cu_step_begin(cn_backend *b, int key) {
     cu_ctx *c = cu_ctx_of(b);
     if (c->in_step) return CN_EBUSY;
-    if (c->graphs) {
+    if (c->graphs && !(key & CN_STEP_EAGER)) {
         int rc = cu_check(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed),
                           "step capture");
         if (rc) return rc;

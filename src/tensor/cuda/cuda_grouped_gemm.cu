@@ -10,8 +10,11 @@
  * Every output row is computed from its own x row and W alone, in a fixed order over k, so a
  * row's result does not depend on which rows share its tile or how a prompt was cut into
  * chunks. A CTA decodes each weight tile into shared memory once (16 values per thread, from
- * one 8- or 16-byte load, through a 256-entry byte table) and reuses it for all rows of its tile; the next tile's loads are in
- * flight while the tensor cores work on the current one (two shared buffers).
+ * one 8- or 16-byte load, through a 256-entry byte table) and reuses it for all rows of its tile
+ * (32, 64 or 128: the mean rows per expert, or the rows of a dense product, rounded up). The x
+ * planes, and BF16 weights as stored, go straight to shared memory (cp.async) GG_STAGES - 1
+ * k-steps ahead of the tensor cores; weights that are decoded pass through registers one k-step
+ * ahead (two shared buffers).
  * Never: F32 or F16 weights, K not a multiple of GG_BK, or weight rows not 16-byte aligned
  * (cu_gg_fits says so; the caller keeps its own path for those).
  * Gathered: one block sorts the rows by expert into tiles of one expert each (counting sort,
@@ -26,6 +29,7 @@
 #define GG_BK 32           /* k per shared-memory stage */
 #define GG_LDS (GG_BK + 8) /* bf16 per shared row: 80 bytes, so ldmatrix's 8 rows hit 32 banks */
 #define GG_SPLIT 2         /* bf16 terms of an fp32 activation */
+#define GG_STAGES 3        /* shared stages of x (and BF16 weights) in flight: cp.async */
 
 typedef struct gg_args {
     const __nv_bfloat16 *xs; /* GG_SPLIT planes [xrows][K] */
@@ -155,6 +159,12 @@ __device__ __forceinline__ void gg_ldsm4(unsigned r[4], const void *p) {
                  : "r"(a));
 }
 
+/* 16 bytes global -> shared without registers (both 16-byte aligned). */
+__device__ __forceinline__ void gg_cp16(void *dst, const void *src) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+}
+
 __device__ __forceinline__ void gg_mma(float c[4], const unsigned a[4], const unsigned b[2]) {
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
                  "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
@@ -162,17 +172,28 @@ __device__ __forceinline__ void gg_mma(float c[4], const unsigned a[4], const un
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-/* A BM x GG_BN tile of y; BM / 8 warps, each 32 rows x 32 outputs. */
-template <int DT, int BM>
-__global__ void __launch_bounds__(BM * 4) k_gg(gg_args a) {
-    constexpr int THREADS = BM * 4, WU = 2 * GG_BN / THREADS; /* weight half-rows per thread */
-    static_assert(2 * (GG_SPLIT * BM + GG_BN) * GG_LDS * 2 + BM * 12 + 1024 <= 48 * 1024, "shared memory");
-    __shared__ __align__(16) __nv_bfloat16 sa[2][GG_SPLIT][BM][GG_LDS];
-    __shared__ __align__(16) __nv_bfloat16 sb[2][GG_BN][GG_LDS];
+/* A BM x GG_BN tile of y on WM x WN warps, each (BM / WM) rows x (GG_BN / WN) outputs. Shared
+ * memory (dynamic): two stages of the x planes [GG_SPLIT][BM][GG_LDS] and of the decoded weights
+ * [GG_BN][GG_LDS]. */
+template <int DT, int BM, int WM, int WN>
+__global__ void __launch_bounds__(WM * WN * 32) k_gg(gg_args a) {
+    constexpr int THREADS = WM * WN * 32;
+    constexpr int TM = BM / WM, TN = GG_BN / WN; /* a warp's tile */
+    constexpr int MI = TM / 16, NI = TN / 8;     /* its mma blocks */
+    constexpr int AU = BM * (GG_BK / 8) / THREADS; /* 8-value x chunks per thread and plane */
+    constexpr int WU = 2 * GG_BN / THREADS;        /* weight half-rows (16 values) per thread */
+    static_assert(TM % 16 == 0 && TN % 16 == 0 && AU >= 1 && WU >= 1, "tile shape");
+    constexpr bool WASYNC = DT == CN_BF16; /* weights copied as stored: cp.async like x */
+    extern __shared__ __align__(16) unsigned char gg_smem[];
+    typedef __nv_bfloat16 arow[GG_LDS];
+    arow *sa_ = (arow *)gg_smem;                /* [GG_STAGES][GG_SPLIT][BM] rows */
+    arow *sb_ = sa_ + GG_STAGES * GG_SPLIT * BM; /* [GG_STAGES or 2][GG_BN] rows */
+#define GG_SA(buf, j, r) sa_[((buf) * GG_SPLIT + (j)) * BM + (r)]
+#define GG_SB(buf, n) sb_[(buf) * GG_BN + (n)]
     __shared__ int64_t yrow_[BM];
     __shared__ int xrow_[BM];
     __shared__ unsigned lut_[DT == CN_BF16 ? 1 : 256];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 2, wn = warp & 3;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp / WN, wn = warp % WN;
     cu_wexp w;
     int begin, end;
     if (a.tiles) {
@@ -187,69 +208,108 @@ __global__ void __launch_bounds__(BM * 4) k_gg(gg_args a) {
         end = begin + BM < a.rows ? begin + BM : a.rows;
     }
     if (DT != CN_BF16) gg_lut_fill<DT>(lut_, tid, THREADS);
-    if (tid < BM) {
+    for (int i = tid; i < BM; i += THREADS) {
         int64_t xr = -1, yr = -1;
-        if (tid < end - begin) {
+        if (i < end - begin) {
             if (a.order) {
-                const int r = a.order[begin + tid];
+                const int r = a.order[begin + i];
                 yr = r;
                 xr = a.x_per_token ? r / a.k : r;
             } else {
-                xr = yr = begin + tid;
+                xr = yr = begin + i;
             }
         }
-        xrow_[tid] = (int)xr;
-        yrow_[tid] = yr;
+        xrow_[i] = (int)xr;
+        yrow_[i] = yr;
     }
     __syncthreads();
     const int64_t n0 = (int64_t)blockIdx.x * GG_BN;
-    /* loaders: x rows 8 bf16 at a time per plane; weights 16 values per half-row */
-    const int ar = tid >> 2, ac = (tid & 3) * 8;
-    const int xr = xrow_[ar];
-    const __nv_bfloat16 *ap = a.xs + (int64_t)(xr < 0 ? 0 : xr) * a.K + ac;
-    uint4 ra[GG_SPLIT];
-    gg_raw<DT> rw[WU];
-    auto load = [&](int k0) {
+    /* loaders: x rows 8 bf16 at a time per plane (chunk u: row u / 4, column (u % 4) * 8);
+     * weights 16 values per half-row */
+    const __nv_bfloat16 *ap[AU];
+    bool aok[AU];
 #pragma unroll
-        for (int j = 0; j < GG_SPLIT; j++)
-            ra[j] = xr >= 0 ? *(const uint4 *)(ap + j * a.plane + k0) : make_uint4(0, 0, 0, 0);
+    for (int i = 0; i < AU; i++) {
+        const int u = tid + i * THREADS, xr = xrow_[u >> 2];
+        aok[i] = xr >= 0;
+        ap[i] = a.xs + (int64_t)(xr < 0 ? 0 : xr) * a.K + (u & 3) * 8;
+    }
+    /* x planes: straight into shared memory (cp.async), GG_STAGES - 1 stages ahead */
+    auto issue_a = [&](int k0, int st) {
 #pragma unroll
-        for (int i = 0; i < WU; i++) {
+        for (int i = 0; i < AU; i++) {
+            const int u = tid + i * THREADS;
+#pragma unroll
+            for (int j = 0; j < GG_SPLIT; j++) {
+                __nv_bfloat16 *dst = &GG_SA(st, j, u >> 2)[(u & 3) * 8];
+                if (aok[i]) gg_cp16(dst, ap[i] + j * a.plane + k0);
+                else *(uint4 *)dst = make_uint4(0, 0, 0, 0);
+            }
+        }
+        if (WASYNC) { /* BF16 weights likewise: 16 values per half-row */
+#pragma unroll
+            for (int i = 0; i < WU; i++) {
+                const int u = tid + i * THREADS, n = u >> 1;
+                __nv_bfloat16 *dst = &GG_SB(st, n)[(u & 1) * 16];
+                if (n0 + n < a.N) {
+                    const char *src = w.data + (n0 + n) * w.stride + 2 * (int64_t)(k0 + (u & 1) * 16);
+                    gg_cp16(dst, src);
+                    gg_cp16(dst + 8, src + 16);
+                } else {
+                    ((uint4 *)dst)[0] = make_uint4(0, 0, 0, 0);
+                    ((uint4 *)dst)[1] = make_uint4(0, 0, 0, 0);
+                }
+            }
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+    /* decoded weights (F8, NVFP4, MXFP8): through registers, one stage ahead */
+    gg_raw<DT> rw[WASYNC ? 1 : WU];
+    auto load_w = [&](int k0) {
+#pragma unroll
+        for (int i = 0; i < (WASYNC ? 0 : WU); i++) {
             const int u = tid + i * THREADS, n = u >> 1;
             gg_load_w<DT>(w, n0 + n, k0 + (u & 1) * 16, n0 + n < a.N, rw[i]);
         }
     };
-    auto store = [&](int buf) {
+    auto store_w = [&](int buf) {
 #pragma unroll
-        for (int j = 0; j < GG_SPLIT; j++) *(uint4 *)&sa[buf][j][ar][ac] = ra[j];
-#pragma unroll
-        for (int i = 0; i < WU; i++) {
+        for (int i = 0; i < (WASYNC ? 0 : WU); i++) {
             const int u = tid + i * THREADS;
-            gg_store_w<DT>(&sb[buf][u >> 1][(u & 1) * 16], rw[i], lut_);
+            gg_store_w<DT>(&GG_SB(buf, u >> 1)[(u & 1) * 16], rw[i], lut_);
         }
     };
-    float acc[2][4][4];
+    float acc[MI][NI][4];
 #pragma unroll
-    for (int mi = 0; mi < 2; mi++)
+    for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-        for (int ni = 0; ni < 4; ni++)
+        for (int ni = 0; ni < NI; ni++)
 #pragma unroll
             for (int q = 0; q < 4; q++) acc[mi][ni][q] = 0.0f;
     const int nk = a.K / GG_BK;
-    load(0);
-    store(0);
+#pragma unroll
+    for (int st = 0; st < GG_STAGES - 1; st++) { /* empty groups past the end keep the count */
+        if (st < nk) issue_a(st * GG_BK, st);
+        else asm volatile("cp.async.commit_group;\n" ::);
+    }
+    load_w(0);
+    store_w(0);
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(GG_STAGES - 2));
     __syncthreads();
     for (int kt = 0; kt < nk; kt++) {
-        const int buf = kt & 1;
-        if (kt + 1 < nk) load((kt + 1) * GG_BK); /* in flight during the MMAs below */
+        const int sta = kt % GG_STAGES, bw = WASYNC ? sta : kt & 1;
+        /* the stage the previous iteration read (all done with it: its closing barrier) */
+        if (kt + GG_STAGES - 1 < nk) issue_a((kt + GG_STAGES - 1) * GG_BK, (kt + GG_STAGES - 1) % GG_STAGES);
+        else asm volatile("cp.async.commit_group;\n" ::);
+        if (kt + 1 < nk) load_w((kt + 1) * GG_BK); /* in flight during the MMAs below */
 #pragma unroll
         for (int kk = 0; kk < GG_BK; kk += 16) {
-            unsigned bf[4][2];
+            unsigned bf[NI][2];
 #pragma unroll
-            for (int nb = 0; nb < 2; nb++) {
+            for (int nb = 0; nb < NI / 2; nb++) {
                 unsigned r[4];
-                gg_ldsm4(r, &sb[buf][wn * 32 + nb * 16 + (lane & 7) + ((lane >> 4) << 3)]
-                               [kk + ((lane >> 3) & 1) * 8]);
+                gg_ldsm4(r, &GG_SB(bw, wn * TN + nb * 16 + (lane & 7) + ((lane >> 4) << 3))
+                                [kk + ((lane >> 3) & 1) * 8]);
                 bf[2 * nb][0] = r[0];
                 bf[2 * nb][1] = r[1];
                 bf[2 * nb + 1][0] = r[2];
@@ -257,42 +317,67 @@ __global__ void __launch_bounds__(BM * 4) k_gg(gg_args a) {
             }
 #pragma unroll
             for (int j = GG_SPLIT - 1; j >= 0; j--) { /* the small term first */
-                unsigned af[2][4];
+                unsigned af[MI][4];
 #pragma unroll
-                for (int mi = 0; mi < 2; mi++)
-                    gg_ldsm4(af[mi], &sa[buf][j][wm * 32 + mi * 16 + (lane & 15)][kk + (lane >> 4) * 8]);
+                for (int mi = 0; mi < MI; mi++)
+                    gg_ldsm4(af[mi], &GG_SA(sta, j, wm * TM + mi * 16 + (lane & 15))[kk + (lane >> 4) * 8]);
 #pragma unroll
-                for (int mi = 0; mi < 2; mi++)
+                for (int mi = 0; mi < MI; mi++)
 #pragma unroll
-                    for (int ni = 0; ni < 4; ni++) gg_mma(acc[mi][ni], af[mi], bf[ni]);
+                    for (int ni = 0; ni < NI; ni++) gg_mma(acc[mi][ni], af[mi], bf[ni]);
             }
         }
-        if (kt + 1 < nk) store(buf ^ 1);
+        if (kt + 1 < nk) store_w(bw ^ 1);
+        asm volatile("cp.async.wait_group %0;\n" ::"n"(GG_STAGES - 2)); /* stage kt + 1 landed */
         __syncthreads();
     }
+#undef GG_SA
+#undef GG_SB
     const int g = lane >> 2, t4 = lane & 3;
 #pragma unroll
-    for (int mi = 0; mi < 2; mi++)
+    for (int mi = 0; mi < MI; mi++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int64_t yr = yrow_[wm * 32 + mi * 16 + g + 8 * h];
+            const int64_t yr = yrow_[wm * TM + mi * 16 + g + 8 * h];
             if (yr < 0) continue;
             float *yp = (float *)(a.y + yr * a.ys);
 #pragma unroll
-            for (int ni = 0; ni < 4; ni++) {
-                const int64_t col = n0 + wn * 32 + ni * 8 + 2 * t4;
+            for (int ni = 0; ni < NI; ni++) {
+                const int64_t col = n0 + wn * TN + ni * 8 + 2 * t4;
                 if (col < a.N) yp[col] = acc[mi][ni][2 * h] * w.scale;
                 if (col + 1 < a.N) yp[col + 1] = acc[mi][ni][2 * h + 1] * w.scale;
             }
         }
 }
 
+/* Dynamic shared memory of one k_gg CTA: GG_STAGES stages of x planes, and of weights (BF16)
+ * or two of decoded weights (the other formats). */
+static constexpr size_t gg_smem_bytes(int dt, int bm) {
+    return (size_t)(GG_STAGES * GG_SPLIT * bm + (dt == CN_BF16 ? GG_STAGES : 2) * GG_BN) * GG_LDS *
+           sizeof(__nv_bfloat16);
+}
+
+template <int DT, int BM, int WM, int WN>
+static int gg_run(cu_ctx *c, const gg_args &a, dim3 grid) {
+    constexpr size_t smem = gg_smem_bytes(DT, BM);
+    if (smem > 48 * 1024) { /* above the default: opted in per kernel (cheap, no sync) */
+        int rc = cu_check(cudaFuncSetAttribute(k_gg<DT, BM, WM, WN>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                          "matmul (tensor cores) shared memory");
+        if (rc) return rc;
+    }
+    k_gg<DT, BM, WM, WN><<<grid, WM * WN * 32, smem, c->stream>>>(a);
+    return cu_launch_check("matmul (tensor cores)");
+}
+
+/* Row tiles of 32 (4 warps of 32 x 32), 64 (8 warps of 32 x 32) or 128 rows (8 warps of 32 x 64:
+ * each weight tile decoded once for more rows, fewer shared-memory reads per mma). */
 template <int DT>
 static int gg_launch(cu_ctx *c, const gg_args &a, int bm, unsigned row_tiles) {
     const dim3 grid((unsigned)((a.N + GG_BN - 1) / GG_BN), row_tiles);
-    if (bm == 32) k_gg<DT, 32><<<grid, 128, 0, c->stream>>>(a);
-    else k_gg<DT, 64><<<grid, 256, 0, c->stream>>>(a);
-    return cu_launch_check("matmul (tensor cores)");
+    if (bm == 32) return gg_run<DT, 32, 1, 4>(c, a, grid);
+    if (bm == 64) return gg_run<DT, 64, 2, 4>(c, a, grid);
+    return gg_run<DT, 128, 4, 2>(c, a, grid);
 }
 
 static int gg_dispatch(cu_ctx *c, cn_dtype dt, const gg_args &a, int bm, unsigned row_tiles) {
@@ -346,7 +431,7 @@ int cu_gg_dense(cu_ctx *c, cn_tensor *y, const cn_tensor *w, const cn_tensor *x)
     gg_args a = gg_io(planes, plane, y, K, N);
     a.rows = (int)T;
     a.dense = gg_wexp(w);
-    const int bm = T <= 32 ? 32 : 64;
+    const int bm = T <= 32 ? 32 : T <= 128 ? 64 : 128;
     const int64_t tiles = (T + bm - 1) / bm;
     if (tiles > 65535) return CN_EUNSUPPORTED;
     return gg_dispatch(c, w->dtype, a, bm, (unsigned)tiles);
@@ -357,8 +442,8 @@ int cu_gg_gather(cu_ctx *c, cn_tensor *y, const cu_wexp *table, int n_w, cn_dtyp
     const int64_t T = ids->shape[0], k = ids->shape[1], rows = T * k;
     const int64_t K = x->shape[1], N = y->shape[1], xrows = x->shape[0];
     if (N > INT32_MAX || xrows > INT32_MAX / 2) return CN_EUNSUPPORTED;
-    /* rows per tile: the mean rows per expert rounded up to a warp row block (32 or 64) */
-    const int bm = rows <= 32 * (int64_t)n_w ? 32 : 64;
+    /* rows per tile: the mean rows per expert rounded up to 32, 64 or 128 */
+    const int bm = rows <= 32 * (int64_t)n_w ? 32 : rows <= 64 * (int64_t)n_w ? 64 : 128;
     const int64_t max_tiles = (rows + bm - 1) / bm + n_w;
     if (max_tiles > 65535) return CN_EUNSUPPORTED;
     /* scratch: planes [GG_SPLIT][xrows][K] bf16, then cnt [2 n_w], n_tiles, order [rows], tiles */

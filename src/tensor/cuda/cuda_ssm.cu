@@ -3,8 +3,13 @@
  * Promises: the scan is the exact per-token recurrence in fp32, like the CPU backend (no chunked
  * SSD yet), so a scan over T tokens, T single steps or any split give the same outputs and states
  * up to the order of the d_state sum; one warp owns one (head, p) row of the state and keeps it in
- * registers for the whole call. conv1d: one thread per channel walks time in order (the state is
- * rolled in place by the same thread). Never writes outside y and state.
+ * registers for the whole call. From SCAN_MIN_T tokens a block of 16 such warps (one head) stages
+ * 32 tokens of its inputs in shared memory at a time and reduces their 32 y sums together
+ * (k_ssm_scan_chunked): the same recurrence, only the d_state sum in another order.
+ * conv1d: each output is the same sum in the same order (bias, then k ascending) whatever the
+ * launch: a few tokens walk time on one thread per channel, which also rolls the state in place;
+ * more tokens take one thread per output, the state rolled by a second launch after the first
+ * read it. Never writes outside y and state.
  */
 #include <math.h>
 
@@ -12,36 +17,83 @@
 
 /* ---------------------------------------------------------------- conv1d */
 
-__global__ void k_conv1d(char *y, int64_t ys, const char *x, int64_t xs, const char *w, int64_t ws,
-                         const float *bias, char *state, int64_t ss, int64_t T, int64_t C,
-                         int64_t K) {
+#define CONV_SEQ_MAX_T 8 /* tokens up to which one thread per channel walks time (one launch) */
+
+/* in(t, c) for t in [-(K-1), T): the state's rows hold t < 0, oldest first. */
+#define CONV_IN(t) ((t) < 0 ? ((const float *)(state + (K - 1 + (t)) * ss))[c] \
+                            : ((const float *)(x + (t) * xs))[c])
+
+/* Few tokens (decode, drafts): one thread per channel walks them in order and rolls the state in
+ * place (row i + T >= i is read before it is overwritten), all in one launch. */
+__global__ void k_conv1d_seq(char *y, int64_t ys, const char *x, int64_t xs, const char *w, int64_t ws,
+                             const float *bias, char *state, int64_t ss, int64_t T, int64_t C,
+                             int64_t K) {
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     const float *wr = (const float *)(w + c * ws);
-#define CONV_IN(t) ((t) < 0 ? ((const float *)(state + (K - 1 + (t)) * ss))[c] \
-                            : ((const float *)(x + (t) * xs))[c])
     for (int64_t t = 0; t < T; t++) {
         float acc = bias ? bias[c] : 0.0f;
         for (int64_t k = 0; k < K; k++) acc += wr[k] * CONV_IN(t - K + 1 + k);
         ((float *)(y + t * ys))[c] = acc;
     }
-    for (int64_t i = 0; i < K - 1; i++) { /* row i + T >= i is read before it is overwritten */
+    for (int64_t i = 0; i < K - 1; i++) {
         const float v = CONV_IN(T - (K - 1) + i);
         ((float *)(state + i * ss))[c] = v;
     }
-#undef CONV_IN
 }
+
+/* Many tokens (prefill): one thread per output (t, c). The outputs are independent, so a piece
+ * fills the GPU instead of walking time on one thread per channel; the state is only read. */
+__global__ void k_conv1d(char *y, int64_t ys, const char *x, int64_t xs, const char *w, int64_t ws,
+                         const float *bias, const char *state, int64_t ss, int64_t t0, int64_t C,
+                         int64_t K) {
+    const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t t = t0 + blockIdx.y;
+    if (c >= C) return;
+    const float *wr = (const float *)(w + c * ws);
+    float acc = bias ? bias[c] : 0.0f;
+    for (int64_t k = 0; k < K; k++) acc += wr[k] * CONV_IN(t - K + 1 + k);
+    ((float *)(y + t * ys))[c] = acc;
+}
+
+/* The state rolled to the last K-1 inputs, after k_conv1d (stream order) read the old one. One
+ * thread per channel, in place: row i + T >= i is read before it is overwritten. */
+__global__ void k_conv1d_state(const char *x, int64_t xs, char *state, int64_t ss, int64_t T, int64_t C,
+                               int64_t K) {
+    const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    for (int64_t i = 0; i < K - 1; i++) {
+        const float v = CONV_IN(T - (K - 1) + i);
+        ((float *)(state + i * ss))[c] = v;
+    }
+}
+#undef CONV_IN
 
 int cu_conv1d(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w,
               const cn_tensor *bias, cn_tensor *state) {
     cu_ctx *c = cu_ctx_of(b);
     const int64_t T = x->shape[0], C = x->shape[1], K = w->shape[1];
-    if (C == 0) return CN_OK;
-    k_conv1d<<<(unsigned)((C + 127) / 128), 128, 0, c->stream>>>(
-        (char *)y->data, y->stride[0], (const char *)x->data, x->stride[0], (const char *)w->data,
-        w->stride[0], bias ? (const float *)bias->data : NULL, (char *)state->data,
-        state->stride[0], T, C, K);
-    return cu_launch_check("conv1d");
+    if (C == 0 || T == 0) return CN_OK;
+    const unsigned cb = (unsigned)((C + 127) / 128);
+    if (T <= CONV_SEQ_MAX_T) {
+        k_conv1d_seq<<<cb, 128, 0, c->stream>>>(
+            (char *)y->data, y->stride[0], (const char *)x->data, x->stride[0], (const char *)w->data,
+            w->stride[0], bias ? (const float *)bias->data : NULL, (char *)state->data,
+            state->stride[0], T, C, K);
+        return cu_launch_check("conv1d");
+    }
+    for (int64_t t0 = 0; t0 < T; t0 += 65535) { /* grid.y is at most 65535 */
+        const int64_t n = T - t0 < 65535 ? T - t0 : 65535;
+        k_conv1d<<<dim3(cb, (unsigned)n), 128, 0, c->stream>>>(
+            (char *)y->data, y->stride[0], (const char *)x->data, x->stride[0], (const char *)w->data,
+            w->stride[0], bias ? (const float *)bias->data : NULL, (const char *)state->data,
+            state->stride[0], t0, C, K);
+        int rc = cu_launch_check("conv1d");
+        if (rc) return rc;
+    }
+    k_conv1d_state<<<cb, 128, 0, c->stream>>>((const char *)x->data, x->stride[0], (char *)state->data,
+                                             state->stride[0], T, C, K);
+    return cu_launch_check("conv1d state");
 }
 
 /* ---------------------------------------------------------------- selective scan */
@@ -105,6 +157,143 @@ __global__ void __launch_bounds__(128) k_ssm_scan(scan_args a) {
     }
 }
 
+/* ---------------------------------------------------------------- selective scan, prefill */
+
+#define SCAN_L 32     /* tokens per chunk staged in shared memory: one per lane at the reduction */
+#define SCAN_WARPS 16 /* (h, p) rows per block, all of one head */
+#define SCAN_MIN_T 32 /* tokens from which a scan takes k_ssm_scan_chunked */
+
+/* The 32 per-lane partial sums v[j] of tokens j = 0..31 reduced across the warp at once: each
+ * level halves the values a lane holds (keeping the half its lane bit selects, adding the other
+ * half from its partner), 31 shuffles for all 32 tokens instead of 5 per token. Returns the sum
+ * of token `lane`. */
+__device__ __forceinline__ float scan_reduce32(float v[SCAN_L], int lane) {
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1) {
+        const bool upper = (lane & off) != 0;
+#pragma unroll
+        for (int j = 0; j < off; j++) {
+            const float send = upper ? v[j] : v[j + off];
+            const float keep = upper ? v[j + off] : v[j];
+            v[j] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+        }
+    }
+    return v[0];
+}
+
+__device__ __forceinline__ void scan_cp4(float *dst, const float *src) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src));
+}
+
+/* One block per (head, SCAN_WARPS rows of p); each warp owns one (h, p) state row in registers
+ * (NPL values per lane, n = lane + 32 i) as k_ssm_scan does, walking the same recurrence token by
+ * token. B and C of the head's group come through shared memory, SCAN_L tokens at a time, the
+ * next chunk copied in (cp.async) while the current one is used; lane j holds token j's x and dt
+ * factors (also fetched a chunk ahead) and hands them to the warp by shuffle; the chunk's y sums
+ * are reduced together (scan_reduce32). Tokens past T enter as dA = 1 and dt x B = 0 (B zero):
+ * the state passes them unchanged. */
+template <int NPL>
+__global__ void __launch_bounds__(SCAN_WARPS * 32) k_ssm_scan_chunked(scan_args a) {
+    constexpr int NP = NPL * 32, THREADS = SCAN_WARPS * 32;
+    extern __shared__ float sm[]; /* [2 buffers][B, C][SCAN_L][NP] */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
+    const int h = blockIdx.y, p = blockIdx.x * SCAN_WARPS + warp;
+    const int g = h / (a.H / a.G);
+    const bool live = p < a.P;
+    const float A = -expf(a.A_log[h]), Dh = a.D[h], dtb = a.dt_bias[h];
+    float *S = (float *)(a.state + h * a.state_row) + (int64_t)(live ? p : 0) * a.N;
+    float s[NPL];
+#pragma unroll
+    for (int i = 0; i < NPL; i++) {
+        const int n = lane + 32 * i;
+        s[i] = live && n < a.N ? S[n] : 0.0f;
+    }
+    /* B and C of tokens [t0, t0 + SCAN_L) into buffer buf, zeros past T and N */
+    auto issue = [&](int64_t t0, int buf) {
+        float *dst = sm + buf * 2 * SCAN_L * NP;
+        for (int e = tid; e < 2 * SCAN_L * NP; e += THREADS) {
+            const int m = e / (SCAN_L * NP), j = (e / NP) % SCAN_L, n = e % NP;
+            if (t0 + j < a.T && n < a.N) {
+                const char *row = (m ? a.C + (t0 + j) * a.Cs : a.B + (t0 + j) * a.Bs);
+                scan_cp4(dst + e, (const float *)row + (int64_t)g * a.N + n);
+            } else {
+                dst[e] = 0.0f;
+            }
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+    /* this lane's token of the chunk at t0: x (this warp's p) and the raw dt */
+    auto fetch = [&](int64_t t0, float &xv, float &dtr) {
+        const bool ok = t0 + lane < a.T;
+        xv = ok && live ? ((const float *)(a.x + (t0 + lane) * a.xs))[(int64_t)h * a.P + p] : 0.0f;
+        dtr = ok ? ((const float *)(a.dt + (t0 + lane) * a.dts))[h] : 0.0f;
+    };
+    float xv, dtr;
+    issue(0, 0);
+    fetch(0, xv, dtr);
+    int buf = 0;
+    for (int64_t t0 = 0; t0 < a.T; t0 += SCAN_L, buf ^= 1) {
+        const bool more = t0 + SCAN_L < a.T;
+        float xn = 0.0f, dtn = 0.0f;
+        if (more) {
+            issue(t0 + SCAN_L, buf ^ 1); /* the buffer the previous chunk read: all done with it */
+            fetch(t0 + SCAN_L, xn, dtn);
+            asm volatile("cp.async.wait_group 1;\n" ::);
+        } else {
+            asm volatile("cp.async.wait_group 0;\n" ::);
+        }
+        __syncthreads();
+        float dtv = 0.0f, dA = 1.0f;
+        if (t0 + lane < a.T) {
+            dtv = softplus_f(dtr + dtb);
+            dtv = fminf(fmaxf(dtv, a.dt_min), a.dt_max);
+            dA = expf(dtv * A);
+        }
+        const float dx = dtv * xv;
+        const float *sB = sm + buf * 2 * SCAN_L * NP, *sC = sB + SCAN_L * NP;
+        float v[SCAN_L];
+#pragma unroll
+        for (int j = 0; j < SCAN_L; j++) {
+            const float dAj = __shfl_sync(0xffffffffu, dA, j), dxj = __shfl_sync(0xffffffffu, dx, j);
+            v[j] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < NPL; i++) {
+                s[i] = s[i] * dAj + dxj * sB[j * NP + lane + 32 * i];
+                v[j] += s[i] * sC[j * NP + lane + 32 * i];
+            }
+        }
+        const float yv = scan_reduce32(v, lane);
+        if (live && t0 + lane < a.T)
+            ((float *)(a.y + (t0 + lane) * a.ys))[(int64_t)h * a.P + p] = yv + Dh * xv;
+        xv = xn;
+        dtr = dtn;
+        __syncthreads(); /* every warp is done with buf before the next chunk refills it */
+    }
+    if (live) {
+#pragma unroll
+        for (int i = 0; i < NPL; i++) {
+            const int n = lane + 32 * i;
+            if (n < a.N) S[n] = s[i];
+        }
+    }
+}
+
+/* Launches the chunked scan with NPL state values per lane (opting in to its shared memory). */
+template <int NPL>
+static int scan_chunked(cu_ctx *c, const scan_args &s) {
+    const size_t smem = (size_t)2 * 2 * SCAN_L * NPL * 32 * sizeof(float);
+    if (smem > 48 * 1024) {
+        int rc = cu_check(cudaFuncSetAttribute(k_ssm_scan_chunked<NPL>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                          "ssm_scan shared memory");
+        if (rc) return rc;
+    }
+    const dim3 grid((unsigned)((s.P + SCAN_WARPS - 1) / SCAN_WARPS), (unsigned)s.H);
+    k_ssm_scan_chunked<NPL><<<grid, SCAN_WARPS * 32, smem, c->stream>>>(s);
+    return cu_launch_check("ssm_scan (chunked)");
+}
+
 int cu_ssm_scan(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
                 const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a, cn_tensor *state) {
     cu_ctx *c = cu_ctx_of(b);
@@ -137,6 +326,10 @@ int cu_ssm_scan(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor
     s.N = a->d_state;
     s.dt_min = a->dt_min;
     s.dt_max = a->dt_max;
+    if (s.T >= SCAN_MIN_T && s.N <= 128 && s.H <= 65535) {
+        const int npl = (s.N + 31) / 32;
+        return npl == 1 ? scan_chunked<1>(c, s) : npl == 2 ? scan_chunked<2>(c, s) : scan_chunked<4>(c, s);
+    }
     k_ssm_scan<<<(unsigned)((rows + 3) / 4), 128, 0, c->stream>>>(s);
     return cu_launch_check("ssm_scan");
 }
