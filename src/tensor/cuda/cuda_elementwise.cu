@@ -1,11 +1,15 @@
-/* cuda_elementwise.cu - RMSNorm, the gated grouped RMSNorm, add/mul/silu/relu^2/scale, the
- * F32 <-> BF16/F16 conversions of copy and set_rows (rows into a cache at a position), on the GPU.
+/* cuda_elementwise.cu - RMSNorm, the gated grouped RMSNorm, add/mul/silu/relu^2/scale, the greedy
+ * argmax of a row, the F32 <-> BF16/F16 conversions of copy and set_rows (rows into a cache at a
+ * position), on the GPU.
  *
  * Promises: the same formulas as the CPU backend (silu = x / (1 + expf(-x)), sums of squares in
  * double, then fp32); y may alias an input wherever the contract allows it, because every thread
  * reads its elements before writing them and no thread reads another's outputs. Rows may be
  * strided views.
  */
+#include <float.h>
+#include <limits.h>
+
 #include "tensor/cuda/cuda_impl.h"
 
 /* ---------------------------------------------------------------- norms */
@@ -137,6 +141,60 @@ int cu_relu2(cn_backend *b, cn_tensor *y, const cn_tensor *x) {
 }
 int cu_scale(cn_backend *b, cn_tensor *y, const cn_tensor *x, float s) {
     return ew_run<EW_SCALE>(b, y, x, NULL, s);
+}
+
+/* ---------------------------------------------------------------- argmax */
+
+#define ARGMAX_THREADS 1024
+
+/* (v, i) beats (bv, bi): larger value, or the same value at a lower index. */
+__device__ __forceinline__ void am_take(float v, int i, float &bv, int &bi) {
+    if (v > bv || (v == bv && i < bi)) {
+        bv = v;
+        bi = i;
+    }
+}
+
+/* One block per row. Values not above -inf (NaN, -inf) are never candidates and +inf counts as
+ * FLT_MAX, so a row without candidates ends at index INT_MAX and gives 0 (backend.h). */
+__global__ void __launch_bounds__(ARGMAX_THREADS)
+    k_argmax(int32_t *__restrict__ ids, const char *__restrict__ x, int64_t xs, int64_t N) {
+    __shared__ float sv[ARGMAX_THREADS / 32];
+    __shared__ int si[ARGMAX_THREADS / 32];
+    const float *xr = (const float *)(x + (int64_t)blockIdx.x * xs);
+    float bv = -INFINITY;
+    int bi = INT_MAX;
+    for (int64_t i = threadIdx.x; i < N; i += blockDim.x) {
+        float v = xr[i];
+        if (!(v > -INFINITY)) continue;
+        am_take(fminf(v, FLT_MAX), (int)i, bv, bi);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        am_take(ov, oi, bv, bi);
+    }
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    if (lane == 0) {
+        sv[wid] = bv;
+        si[wid] = bi;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++) am_take(sv[w], si[w], bv, bi);
+        ids[blockIdx.x] = bi == INT_MAX ? 0 : bi;
+    }
+}
+
+int cu_argmax(cn_backend *b, cn_tensor *ids, const cn_tensor *x) {
+    cu_ctx *c = cu_ctx_of(b);
+    const int64_t T = x->shape[0], N = x->shape[1];
+    if (T == 0) return CN_OK;
+    if (T > 65535 || N > INT32_MAX) return CN_EINVAL;
+    k_argmax<<<(unsigned)T, ARGMAX_THREADS, 0, c->stream>>>((int32_t *)ids->data,
+                                                           (const char *)x->data, x->stride[0], N);
+    return cu_launch_check("argmax");
 }
 
 /* ---------------------------------------------------------------- conversions */
