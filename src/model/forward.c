@@ -280,8 +280,15 @@ static int mamba_mixer(cn_model *m, const cn_mamba_w *w, cn_layer_state *ls, int
         }
         start = seg[i].end;
     }
-    /* gate before the grouped norm: norm(y * silu(z)) * w */
-    CHECK(cn_op_gated_rmsnorm(b, &y, &y, &z, &w->norm, (int)(di / c->n_groups), c->norm_eps));
+    /* gate before the grouped norm: norm(y * silu(z)) * w; fused, inside out_proj's product */
+    const int group = (int)(di / c->n_groups);
+    if (acc) {
+        const cn_mm_ep f = {.ep = CN_EP_ACC, .norm = &w->norm, .gate = &z, .group = group,
+                            .eps = c->norm_eps};
+        int rc = cn_op_matmul_ep(b, out, &w->out_proj, &y, &f);
+        if (rc != CN_EUNSUPPORTED) return rc;
+    }
+    CHECK(cn_op_gated_rmsnorm(b, &y, &y, &z, &w->norm, group, c->norm_eps));
     return matmul_out(m, acc, out, &w->out_proj, &y);                 /* out_proj */
 }
 

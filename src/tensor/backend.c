@@ -177,6 +177,9 @@ int cn_backend_has_matmul_ep(const cn_backend *b) { return b->iface->matmul_ep !
 /* The parts of f every fused matmul checks: a known epilogue, a norm of x's width. */
 static int ep_ok(const cn_mm_ep *f, const cn_tensor *x) {
     if (!f || (f->ep != 0 && f->ep != CN_EP_RELU2 && f->ep != CN_EP_ACC)) return 0;
+    if (f->gate && (!f->norm || !is2d_f32(f->gate) || !same2d(f->gate, x) || f->group <= 0 ||
+                    COLS(x) % f->group))
+        return 0;
     return !f->norm || is_vec_f32(f->norm, COLS(x));
 }
 
@@ -194,7 +197,7 @@ int cn_op_matmul_ep(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_te
 int cn_op_matmul_gather_ep(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, int n_w,
                            const cn_tensor *x, const cn_tensor *ids, const cn_mm_ep *f) {
     if (!is2d_f32(y) || !is2d_f32(x) || n_w <= 0 || !ids || ids->dtype != CN_I32 ||
-        ids->ndim != 2 || !ep_ok(f, x))
+        ids->ndim != 2 || !ep_ok(f, x) || f->gate)
         return CN_EINVAL;
     int64_t rows = ROWS(ids) * COLS(ids);
     if (ROWS(x) != ROWS(ids) && ROWS(x) != rows) return CN_EINVAL;

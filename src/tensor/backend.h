@@ -228,6 +228,9 @@ enum {
 typedef struct cn_mm_ep {
     int ep;                   /* CN_EP_*, or 0: y = product */
     const cn_tensor *norm;    /* (optional) [K] F32: x enters as cn_op_rmsnorm(x, norm, eps) */
+    const cn_tensor *gate;    /* (optional, with norm; cn_op_matmul_ep only) x's shape: x enters
+                               * as cn_op_gated_rmsnorm(x, gate, norm, group, eps) instead */
+    int group;                /* with gate: columns per normalised group, dividing K */
     float eps;
     const cn_tensor *weights; /* gather with CN_EP_ACC: routing weights [T, k] F32, else NULL */
 } cn_mm_ep;

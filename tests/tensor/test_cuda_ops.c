@@ -796,6 +796,36 @@ static void test_matmul_ep(void **st) {
                     pv_free(&xn);
                     pw_free(&w);
                 }
+    /* the gated grouped norm (Mamba's, before out_proj) with the residual add */
+    const int64_t KG = 1024, groups[] = {512, 1024};
+    pv gnw = vec_make(KG, 0.5f, 1.5f);
+    for (size_t d = 0; d < sizeof k_wdt / sizeof k_wdt[0]; d++)
+        for (size_t i = 0; i < 2; i++) {
+            const int64_t N = i ? 5000 : 150, G = groups[i];
+            pw w = pw_make(k_wdt[d], N, KG, 0.2f);
+            pv x = pv_make(1, KG, 3, -2, 2), z = pv_make(1, KG, 1, -3, 3), y = pv_make(1, N, 2, -3, 3);
+            pv t = pv_make(1, N, 0, 0, 0), g = pv_make(1, KG, 0, 0, 0);
+            assert_int_equal(cn_op_gated_rmsnorm(g_cpu, &g.c, &x.c, &z.c, &gnw.c, (int)G, 1e-5f), 0);
+            assert_int_equal(cn_op_matmul(g_cpu, &t.c, &w.c, &g.c), 0);
+            assert_int_equal(cn_op_add(g_cpu, &y.c, &y.c, &t.c), 0);
+            const cn_mm_ep f = {.ep = CN_EP_ACC, .norm = &gnw.g, .gate = &z.g, .group = (int)G,
+                                .eps = 1e-5f};
+            assert_int_equal(cn_op_matmul_ep(g_cu, &y.g, &w.g, &x.g, &f), 0);
+            char what[80];
+            snprintf(what, sizeof what, "matmul_ep gated %s N=%lld group=%lld", cn_dtype_name(k_wdt[d]),
+                     (long long)N, (long long)G);
+            pv_expect(what, &y, TOL_MM);
+            /* groups the staging does not take: refused */
+            const cn_mm_ep f128 = {.ep = CN_EP_ACC, .norm = &gnw.g, .gate = &z.g, .group = 128};
+            assert_int_equal(cn_op_matmul_ep(g_cu, &y.g, &w.g, &x.g, &f128), CN_EUNSUPPORTED);
+            pv_free(&x);
+            pv_free(&z);
+            pv_free(&y);
+            pv_free(&t);
+            pv_free(&g);
+            pw_free(&w);
+        }
+    pv_free(&gnw);
     /* two rows: refused, nothing written; an unknown epilogue or a norm of the wrong width: EINVAL */
     pw w = pw_make(CN_BF16, 40, K, 0.5f);
     pv x = pv_make(2, K, 0, -1, 1), y = pv_make(2, 40, 1, 5, 5);

@@ -227,6 +227,8 @@ __device__ __forceinline__ uint4 mm_g1_load(const char *p) {
  * and adds the sum into y's row t, so the result does not depend on which block came last. */
 typedef struct g1_epi {
     const float *norm; /* [K] or NULL */
+    const float *gate; /* [K] (one row) or NULL: the gated grouped norm, groups of `group` */
+    int group;         /* a multiple of the block's 256 threads (cu_matmul_ep checks) */
     float eps;
     int ep;
     const char *cw; /* routing weights [T, k] F32 (combining) */
@@ -313,13 +315,41 @@ __global__ void __launch_bounds__(256, 2)
     const float *xr = (const float *)(x + xrow * xs);
     float *xsm = (float *)g1_x;
     double ss = 0.0;
-    for (int64_t i = tid; i < K; i += blockDim.x) { /* float4 f at f ^ ((f / 8) mod Q) */
-        const int64_t f = i >> 2;
-        const float v = xr[i];
-        xsm[((f ^ ((f >> 3) & (Q - 1))) << 2) | (i & 3)] = v;
-        ss += (double)v * v;
+    if (epi.gate) { /* g = x silu(z) per 256 columns, each a warp sum in gws, one group's */
+        __shared__ double gws[MM_G1_MAXK / 256][8];
+        __shared__ float ginv[MM_G1_MAXK / 256];
+        for (int64_t i = tid, j = 0; i < K; i += blockDim.x, j++) {
+            const int64_t f = i >> 2;
+            const float zv = epi.gate[i];
+            const float v = xr[i] * (zv / (1.0f + expf(-zv)));
+            xsm[((f ^ ((f >> 3) & (Q - 1))) << 2) | (i & 3)] = v;
+            double p = (double)v * v;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) p += __shfl_xor_sync(0xffffffffu, p, o);
+            if ((tid & 31) == 0) gws[j][tid >> 5] = p;
+        }
+        __syncthreads();
+        const int per = epi.group / 256;
+        if (tid < (int)(K / epi.group)) { /* group sums in a fixed order: replays are exact */
+            double sg = 0.0;
+            for (int j = tid * per; j < (tid + 1) * per; j++)
+                for (int wi = 0; wi < 8; wi++) sg += gws[j][wi];
+            ginv[tid] = (float)(1.0 / sqrt(sg / (double)epi.group + epi.eps));
+        }
+        __syncthreads();
+        for (int64_t i = tid; i < K; i += blockDim.x) {
+            const int64_t f = i >> 2, at = ((f ^ ((f >> 3) & (Q - 1))) << 2) | (i & 3);
+            xsm[at] = epi.norm[i] * (xsm[at] * ginv[i / epi.group]);
+        }
+    } else {
+        for (int64_t i = tid; i < K; i += blockDim.x) { /* float4 f at f ^ ((f / 8) mod Q) */
+            const int64_t f = i >> 2;
+            const float v = xr[i];
+            xsm[((f ^ ((f >> 3) & (Q - 1))) << 2) | (i & 3)] = v;
+            ss += (double)v * v;
+        }
     }
-    if (epi.norm) { /* each thread rescales what it staged: no other thread's values */
+    if (epi.norm && !epi.gate) { /* each thread rescales what it staged: no other thread's */
         __shared__ double ssw[8];
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
@@ -629,8 +659,9 @@ int cu_matmul(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor *
         const cu_wexp we = mm_wexp(w);
         const bool vec = mm_can_vec(w->dtype, w->data, w->stride[0], K);
         if (T == 1 && vec && K <= MM_G1_MAXK) {
-            CU_DISPATCH_WQ(w->dtype, (launch_gemv1<DT>(c, we, NULL, 0, NULL, 1, x, 0, y, K, N, 1,
-                                                       g1_epi{NULL, 0.0f, 0, NULL, 0, NULL, NULL})));
+            const g1_epi plain = {NULL, NULL, 0, 0.0f, 0, NULL, 0, NULL, NULL};
+            CU_DISPATCH_WQ(w->dtype,
+                           (launch_gemv1<DT>(c, we, NULL, 0, NULL, 1, x, 0, y, K, N, 1, plain)));
             return cu_launch_check("matmul (gemv1)");
         }
         if (vec) {
@@ -818,9 +849,9 @@ int cu_matmul_gather(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, int
         const dim3 grid((unsigned)((N + 7) / 8), (unsigned)rows);
         if (vec && K <= MM_G1_MAXK) {
             const cu_wexp none = {NULL, 0, 1.0f, NULL, 0};
+            const g1_epi plain = {NULL, NULL, 0, 0.0f, 0, NULL, 0, NULL, NULL};
             CU_DISPATCH_WQ(dt, (launch_gemv1<DT>(c, none, table, n_w, ids, (int)k, x,
-                                                 x->shape[0] == T, y, K, N, (int)rows,
-                                                 g1_epi{NULL, 0.0f, 0, NULL, 0, NULL, NULL})));
+                                                 x->shape[0] == T, y, K, N, (int)rows, plain)));
         } else if (vec) {
             CU_DISPATCH_WQ(dt, (k_gather_gemv<DT, true><<<grid, 256, 0, c->stream>>>(
                                   table, n_w, (const char *)ids->data, ids->stride[0], (int)k,
@@ -883,10 +914,12 @@ int cu_matmul_ep(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tenso
     const int64_t T = x->shape[0], K = x->shape[1], N = w->shape[0];
     if (T != 1 || K > MM_G1_MAXK || !mm_can_vec(w->dtype, w->data, w->stride[0], K))
         return CN_EUNSUPPORTED;
+    if (f->gate && (K % 256 || f->group % 256)) return CN_EUNSUPPORTED; /* k_gemv1's staging */
     if (N == 0) return CN_OK;
     const cu_wexp we = mm_wexp(w);
-    const g1_epi epi = {f->norm ? (const float *)f->norm->data : NULL, f->eps, f->ep, NULL, 0, NULL,
-                        NULL};
+    const g1_epi epi = {f->norm ? (const float *)f->norm->data : NULL,
+                        f->gate ? (const float *)f->gate->data : NULL, f->group, f->eps, f->ep,
+                        NULL, 0, NULL, NULL};
     CU_DISPATCH_WQ(w->dtype, (launch_gemv1<DT>(c, we, NULL, 0, NULL, 1, x, 0, y, K, N, 1, epi)));
     return cu_launch_check("matmul_ep (gemv1)");
 }
@@ -910,7 +943,8 @@ int cu_matmul_gather_ep(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, 
     int rc = CN_OK;
     const cu_wexp *table = expert_table(c, w, n_w, &rc);
     if (!table) return rc;
-    g1_epi epi = {f->norm ? (const float *)f->norm->data : NULL, f->eps, f->ep, NULL, 0, NULL, NULL};
+    g1_epi epi = {f->norm ? (const float *)f->norm->data : NULL, NULL, 0, f->eps, f->ep, NULL, 0,
+                  NULL, NULL};
     if (f->ep == CN_EP_ACC) {
         epi.prt = (float *)cu_scratch(c, (size_t)(rows * N) * sizeof(float));
         if (!epi.prt) return CN_ENOMEM;
