@@ -6,7 +6,8 @@
 # (CAIRN_CUDA_FUSED=0: the plain op sequence and the logits downloaded, the figure before them),
 # back to back in the same run.
 # Usage: sh tools/gpu_decode.sh OUTDIR [bf16 nvfp4 ...]   (logs in OUTDIR; GEN=48 by default;
-# the profile runs for the format PROF, nvfp4 by default; presets are kept in /tmp between runs)
+# the profile runs for the format PROF, nvfp4 by default; PLAIN lists the formats also benched
+# without the fused ops, all by default; presets are kept in /tmp between runs)
 out=${1:?usage: gpu_decode.sh OUTDIR [weights...]}
 shift
 gen=${GEN:-48}
@@ -35,7 +36,8 @@ if cc -O2 -shared -fPIC -I/usr/local/cuda/include tools/kprof.c -o build-cuda/kp
     done
 fi
 for w in "$@"; do
-    for f in 1 0; do
+    case " ${PLAIN-$*} " in *" $w "*) plain=0 ;; *) plain= ;; esac # also without the fused ops
+    for f in 1 $plain; do
         CAIRN_CUDA_FUSED=$f timeout 150 build-cuda/cairn bench --backend cuda --preset nano-shape \
             --layers 6 --weights "$w" --gen "$gen" --prompt 512 --prompt-short 128 \
             --work-dir "/tmp/gpu-decode-$w" >"$out/bench_${w}_fused$f.txt" 2>&1

@@ -757,6 +757,27 @@ static void test_argmax(void **st) {
     assert_int_equal(b[3], N - 1);
     pid_free(&ids);
     pv_free(&x);
+    /* many short rows (several launches of 256 rows), and one row longer than 256 spans of 2048;
+     * twice each, so the per-row counters are seen to reset */
+    const int64_t shapes[][2] = {{300, 37}, {1, 600001}};
+    for (int i = 0; i < 2; i++) {
+        const int64_t R = shapes[i][0], C = shapes[i][1];
+        pv y = pv_make(R, C, 2, -1, 1);
+        int32_t *want = calloc((size_t)R, sizeof *want), *got = calloc((size_t)R, sizeof *got);
+        assert_true(want && got);
+        pid yi = pid_make(R, 1, want);
+        assert_int_equal(cn_op_argmax(g_cpu, &yi.c, &y.c), 0);
+        memcpy(want, yi.c.data, (size_t)R * sizeof *want);
+        for (int rep = 0; rep < 2; rep++) {
+            assert_int_equal(cn_op_argmax(g_cu, &yi.g, &y.g), 0);
+            assert_int_equal(cn_backend_download(g_cu, got, &yi.g), 0);
+            assert_memory_equal(want, got, (size_t)R * sizeof *want);
+        }
+        free(want);
+        free(got);
+        pid_free(&yi);
+        pv_free(&y);
+    }
 }
 
 /* matmul_ep against the CPU's rmsnorm, matmul, then relu2 / add, on the decode GEMV's shapes (one

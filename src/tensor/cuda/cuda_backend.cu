@@ -111,6 +111,7 @@ static void cu_free(cn_backend *b) {
     if (c->flag_host) cudaFreeHost(c->flag_host);
     cudaFree(c->par_dev);
     cudaFree(c->ep_cnt);
+    cudaFree(c->am_cnt);
     if (c->par_host) cudaFreeHost(c->par_host);
     if (c->blas) cublasDestroy(c->blas);
     if (c->stream) cudaStreamDestroy(c->stream);
@@ -501,6 +502,8 @@ extern "C" cn_backend *cn_cuda_backend_create(int device, cn_err *err) {
         e = cudaMalloc(&c->ep_cnt, CU_EP_COUNTERS * sizeof(int));
     }
     if (e == cudaSuccess) e = cudaMemset(c->ep_cnt, 0, CU_EP_COUNTERS * sizeof(int));
+    if (e == cudaSuccess) e = cudaMalloc(&c->am_cnt, CU_ARGMAX_ROWS * sizeof(int));
+    if (e == cudaSuccess) e = cudaMemset(c->am_cnt, 0, CU_ARGMAX_ROWS * sizeof(int));
     if (e != cudaSuccess) {
         cn_err_set(err, e == cudaErrorMemoryAllocation ? CN_ENOMEM : CN_EIO, "CUDA device %d: %s: %s",
                    device, step, cudaGetErrorString(e));

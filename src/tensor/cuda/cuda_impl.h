@@ -85,6 +85,7 @@ typedef struct cu_graph {
 
 #define CU_GRAPH_SLOTS 4
 #define CU_EP_COUNTERS 65536 /* tokens x output groups a combining epilogue may count */
+#define CU_ARGMAX_ROWS 256   /* rows one argmax call takes (cuda_elementwise.cu) */
 
 typedef struct cu_ctx {
     cn_backend_iface iface; /* the table this backend answers with (fused ops per `fused`) */
@@ -118,6 +119,7 @@ typedef struct cu_ctx {
     cn_cuda_stats stats;
     int fused;        /* offer the fused decode ops ($CAIRN_CUDA_FUSED=0 at create: not) */
     int *ep_cnt;      /* [CU_EP_COUNTERS] zeroed, for combining epilogues (cuda_gemm.cu) */
+    int *am_cnt;      /* [CU_ARGMAX_ROWS] zeroed, blocks done per row of argmax */
     struct cu_copy *copy; /* the copy stream and its fences (cuda_copy.cu); made at first use */
 } cu_ctx;
 
