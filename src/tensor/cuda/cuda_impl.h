@@ -37,6 +37,10 @@
  *      A slot replays (cudaGraphLaunch, no capture, no update) when key and tag match, the pos
  *      fits pos_max and `epoch` is unchanged since its capture: the epoch grows whenever device
  *      memory a graph may point to is freed or moved (scratch regrown, a tensor released).
+ *  (6) `ep_cnt` and `am_cnt` are zero between launches: a kernel that counts its blocks there
+ *      (the combining GEMV epilogue, argmax) has the last block merge the others' partials from
+ *      scratch in a fixed order and set its counter back to 0, so graphs replay them as they are
+ *      and results do not depend on which block finished last.
  */
 #ifndef CN_CUDA_IMPL_H
 #define CN_CUDA_IMPL_H
