@@ -14,8 +14,9 @@
  *   prefill512, prefill (2048)
  *             a fresh state absorbs --prompt-short / --prompt random tokens in one
  *             cn_model_forward (logits of the last position only): tokens / seconds.
- *   decode    a fresh state decodes --gen tokens one cn_model_decode at a time, each the argmax
- *             of the previous logits: tokens / seconds.
+ *   decode    a fresh state decodes --gen tokens one cn_model_decode_greedy at a time, each the
+ *             greedy pick of the previous token's logits, taken on the backend as a greedy
+ *             request's decode takes it (4 bytes to the host per token): tokens / seconds.
  *   decode_8k a fresh state absorbs --context tokens (timed apart, reported as prefill_ctx), then
  *             decodes --gen tokens as above.
  *   decode_eager (device backends) decode again with the backend's steps launched op by op
@@ -289,19 +290,11 @@ static int prefill(bench *B, int n) {
     return cn_model_forward(B->m, B->s, &b);
 }
 
-static int argmax(const float *v, int n) {
-    int best = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[best]) best = i;
-    return best;
-}
-
 static int decode(bench *B, int n) {
     int32_t t = B->toks[0];
     for (int i = 0; i < n; i++) {
-        int rc = cn_model_decode(B->m, B->s, t, B->logits);
+        int rc = cn_model_decode_greedy(B->m, B->s, t, &t);
         if (rc) return rc;
-        t = argmax(B->logits, B->vocab);
     }
     return 0;
 }

@@ -88,13 +88,15 @@ static int is_eos(const cn_engine *e, int32_t t) {
 
 /* Forwards tokens [from, to) (tokens[0..known) are known), capturing at scheduled offsets. With
  * a drafter, each position's hidden is queued as a draft slot with the token after it (-1 for
- * the last known token, whose successor is yet to be sampled). */
+ * the last known token, whose successor is yet to be sampled). With `greedy` the last position's
+ * greedy pick lands there (taken on the backend) instead of its logits in e->logits. */
 static int forward(cn_engine *e, cn_pc_session *sess, const int32_t *tokens, int from, int to,
-                   int want_logits, int known) {
+                   int want_logits, int known, int32_t *greedy) {
     int at[64];
     cn_rsnap caps[64];
     int nc = cn_pc_captures_in(sess, from, to, at, 64);
-    cn_batch bt = {.tokens = tokens + from, .n = to - from, .logits = want_logits ? e->logits : NULL,
+    cn_batch bt = {.tokens = tokens + from, .n = to - from,
+                   .logits = want_logits && !greedy ? e->logits : NULL, .argmax = greedy,
                    .capture_at = at, .n_capture = nc, .captures = caps};
     if (e->spec) {
         bt.all_hidden = 1;
@@ -113,9 +115,14 @@ static int forward(cn_engine *e, cn_pc_session *sess, const int32_t *tokens, int
     return rc;
 }
 
-/* Samples the next token from e->logits under the request's mask (which may rewrite the row).
- * Returns 0 with *t, or 1: the mask ends the output here, as an end of sequence would. */
-static int pick(cn_engine *e, const cn_request *r, cn_sampler *smp, int32_t *t) {
+/* Samples the next token from e->logits under the request's mask (which may rewrite the row), or
+ * takes `picked` (>= 0: the backend's greedy pick, for a request without mask whose sampler is
+ * greedy). Returns 0 with *t, or 1: the mask ends the output here, as an end of sequence would. */
+static int pick(cn_engine *e, const cn_request *r, cn_sampler *smp, int32_t picked, int32_t *t) {
+    if (picked >= 0) {
+        *t = picked;
+        return 0;
+    }
     if (r->mask) {
         float keep[16];
         int ne = e->n_eos < 16 ? e->n_eos : 16;
@@ -195,7 +202,7 @@ static int decode_spec(dec *d) {
     cn_result *res = d->res;
     int speculate = !d->r->no_speculate && !e->o.no_speculate && !d->r->mask;
     int32_t cur = 0;
-    int st = pick(e, d->r, d->smp, &cur) ? end_here(d, &cur) : take(d, cur);
+    int st = pick(e, d->r, d->smp, -1, &cur) ? end_here(d, &cur) : take(d, cur);
     if (st == GO) cn_sampler_accept(d->smp, cur);
     cn_spec_close_pair(sp, cur);
     while (st == GO) {
@@ -204,9 +211,9 @@ static int decode_spec(dec *d) {
         double t0 = now_ms();
         if (depth == 0) {
             int at = e->live->offset;
-            if ((d->rc = forward(e, d->sess, d->all, at, at + 1, 1, at + 1))) break;
+            if ((d->rc = forward(e, d->sess, d->all, at, at + 1, 1, at + 1, NULL))) break;
             res->plain_steps++;
-            st = pick(e, d->r, d->smp, &cur) ? end_here(d, &cur) : take(d, cur);
+            st = pick(e, d->r, d->smp, -1, &cur) ? end_here(d, &cur) : take(d, cur);
             if (st == GO) cn_sampler_accept(d->smp, cur);
             cn_spec_close_pair(sp, cur);
             cn_spec_ctl_plain(&sp->ctl, now_ms() - t0);
@@ -313,7 +320,7 @@ int cn_engine_generate(cn_engine *e, const cn_request *r, cn_result *res) {
                 end = sess.sched[i];
                 break;
             }
-        if ((rc = forward(e, &sess, all, pos, end, end == n, n))) goto close;
+        if ((rc = forward(e, &sess, all, pos, end, end == n, n, NULL))) goto close;
         if (e->spec && (rc = cn_spec_flush(e->spec))) goto close; /* level at every chunk's end */
         res->prompt_eval_count += end - pos;
         pos = end;
@@ -342,9 +349,12 @@ int cn_engine_generate(cn_engine *e, const cn_request *r, cn_result *res) {
         res->eval_ms = now_ms() - t1;
         goto close;
     }
+    /* a greedy request without mask brings 4 bytes per token to the host, not its logits */
+    const int greedy = !r->mask && cn_sampler_is_greedy(&smp);
+    int32_t picked = -1; /* the last forward's greedy pick (greedy), else -1 */
     while (res->eval_count < r->max_tokens) {
         int32_t t = 0;
-        if (pick(e, r, &smp, &t) || (!r->ignore_eos && is_eos(e, t))) {
+        if (pick(e, r, &smp, picked, &t) || (!r->ignore_eos && is_eos(e, t))) {
             res->stop = CN_STOP_EOS;
             break;
         }
@@ -364,7 +374,7 @@ int cn_engine_generate(cn_engine *e, const cn_request *r, cn_result *res) {
         if (res->eval_count == r->max_tokens) break;
         if ((rc = cn_pc_push_key(&sess, (cn_key)t))) break;
         int at = e->live->offset;
-        if ((rc = forward(e, &sess, all, at, at + 1, 1, at + 1))) break;
+        if ((rc = forward(e, &sess, all, at, at + 1, 1, at + 1, greedy ? &picked : NULL))) break;
     }
     res->eval_ms = now_ms() - t1;
 close:

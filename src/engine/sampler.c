@@ -324,6 +324,14 @@ static int32_t filter(cn_sampler *s, const float *logits, int *n_out) {
     return -1;
 }
 
+int cn_sampler_is_greedy(const cn_sampler *s) {
+    const cn_sampler_params *p = &s->params;
+    const int pen = p->penalty_last_n != 0 &&
+                    (p->repeat_penalty != 1.0f || p->presence_penalty != 0.0f ||
+                     p->frequency_penalty != 0.0f);
+    return p->temperature == 0.0f && !pen;
+}
+
 int32_t cn_sampler_sample(cn_sampler *s, const float *logits) {
     int n = 0;
     int32_t only = filter(s, logits, &n);

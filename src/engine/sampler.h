@@ -85,6 +85,11 @@ int cn_sampler_accept(cn_sampler *s, int32_t token);
  * This function can't fail. */
 int32_t cn_sampler_sample(cn_sampler *s, const float *logits);
 
+/* 1 if cn_sampler_sample returns exactly the plain greedy pick of the logits whatever the history
+ * (temperature 0 and no penalty active: invariant (1) alone), so a caller may take that pick
+ * where the logits are (cn_op_argmax) and hand the sampler only cn_sampler_accept. */
+int cn_sampler_is_greedy(const cn_sampler *s);
+
 /* The exact distribution cn_sampler_sample draws from for these logits and this history: probs
  * (V floats, OUT) gets each surviving candidate's normalized weight and 0 elsewhere (one-hot on
  * the argmax for temperature 0 or a single finite logit). Returns the most likely token (ties to

@@ -8,8 +8,14 @@
  * pieces of at most that many. A one-token piece (decode, an MTP draft) runs as one backend step
  * (backend.h): every op between one upload and the downloads, so a GPU backend waits once per
  * token and may replay the step as a graph. A longer piece's layers are one step too, never
- * recorded (CN_STEP_EAGER): its index checks wait once, at the piece's end.
+ * recorded (CN_STEP_EAGER): its index checks wait once, at the piece's end. In a one-token step
+ * on a backend that fuses matmul epilogues (cn_backend_has_matmul_ep), each mixer adds its output
+ * into the residual stream from its last product (the MoE's routed and shared experts one after
+ * the other) and relu^2 rides on the up products, instead of separate elementwise ops: the same
+ * sums up to rounding order.
+ * A greedy pick (cn_batch.argmax) is taken on the backend after the lm_head.
  */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,6 +52,7 @@ static int alloc_scratch(cn_model *m) {
     wide = max64(wide, c->moe_shared_intermediate_size);
     int64_t ywide = max64(m->d_inner, (int64_t)c->n_heads * c->head_dim);
     s->logit_rows = U < 16 ? (int)U : 16;
+    s->ids0 = -1;
     s->ids = cn_tensor_1d(CN_I32, U, NULL);
     int rc = cn_backend_alloc(b, &s->ids);
     if (!rc) rc = alloc_f32(b, &s->x, U, H);
@@ -65,6 +72,11 @@ static int alloc_scratch(cn_model *m) {
     if (!rc) rc = alloc_f32(b, &s->eo, U * k, H);
     if (!rc) rc = alloc_f32(b, &s->cat, U, 2 * H);
     if (!rc) rc = alloc_f32(b, &s->logits, s->logit_rows, c->vocab_size);
+    if (!rc) {
+        s->pick = cn_tensor_1d(CN_I32, 1, NULL);
+        rc = cn_backend_alloc(b, &s->pick);
+    }
+    if (!rc && !(s->host_logits = malloc((size_t)c->vocab_size * sizeof(float)))) rc = CN_ENOMEM;
     if (!rc) rc = alloc_f32(b, &s->kn, U, max64((int64_t)c->n_kv_heads * c->head_dim, 1));
     if (!rc) rc = alloc_f32(b, &s->vn, U, max64((int64_t)c->n_kv_heads * c->head_dim, 1));
     return rc;
@@ -74,8 +86,10 @@ static void free_scratch(cn_model *m) {
     cn_scratch *s = &m->s;
     cn_tensor *all[] = {&s->ids, &s->x,  &s->xn, &s->out, &s->tmp, &s->proj, &s->conv, &s->y,
                         &s->rlogits, &s->rids, &s->rw, &s->eh, &s->eo, &s->cat, &s->logits,
-                        &s->kn, &s->vn};
+                        &s->kn, &s->vn, &s->pick};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) cn_backend_release(m->b, all[i]);
+    free(s->host_logits);
+    s->host_logits = NULL;
 }
 
 int cn_model_open(cn_model **out, const char *dir, cn_backend *b, const cn_model_opts *opts,
@@ -145,6 +159,79 @@ uint64_t cn_model_identity(const cn_model *m) { return m->identity; }
 
 /* ---- mixers ---------------------------------------------------------------------------------- */
 
+/* A mixer's input. Plainly xn = RMSNorm(h), computed before the mixer. In a fused step
+ * (run_layers: a one-token piece on a backend with cn_backend_has_matmul_ep) it is h itself with
+ * the layer's norm still to apply: each product normalises h as it reads it where the backend
+ * fuses that, else the norm runs once into xn. A mixer's products all read its input before any
+ * of them adds into h. */
+typedef struct mix_in {
+    const cn_tensor *h;    /* the residual stream (fused), or xn (plain) */
+    const cn_tensor *norm; /* the pre-mixer norm weight (fused), or NULL */
+    cn_tensor *xn;         /* where the norm lands when it runs on its own */
+    int normed;            /* xn holds RMSNorm(h) */
+    int fuse;              /* products may take cn_mm_ep */
+} mix_in;
+
+/* The input as a plain op takes it: xn, normalised first if that has not happened yet. */
+static int in_plain(cn_model *m, mix_in *in, const cn_tensor **x) {
+    if (in->norm && !in->normed) {
+        CHECK(cn_op_rmsnorm(m->b, in->xn, in->h, in->norm, m->cfg.norm_eps));
+        in->normed = 1;
+    }
+    *x = in->norm ? in->xn : in->h;
+    return CN_OK;
+}
+
+/* What a fused product of the input does: the norm unless it already ran, and `ep`. 0 when there
+ * is nothing to fuse (the plain op is as fast). */
+static int in_fuse(const cn_model *m, const mix_in *in, int ep, cn_mm_ep *f, const cn_tensor **x) {
+    memset(f, 0, sizeof *f);
+    f->ep = ep;
+    f->norm = in->norm && !in->normed ? in->norm : NULL;
+    f->eps = m->cfg.norm_eps;
+    *x = f->norm ? in->h : in->xn;
+    return in->fuse && (f->ep || f->norm);
+}
+
+/* y = in W^T, then relu^2 when ep is CN_EP_RELU2: fused where the backend allows. */
+static int mm_in(cn_model *m, mix_in *in, cn_tensor *y, const cn_tensor *w, int ep) {
+    cn_mm_ep f;
+    const cn_tensor *x;
+    if (in_fuse(m, in, ep, &f, &x)) {
+        int rc = cn_op_matmul_ep(m->b, y, w, x, &f);
+        if (rc != CN_EUNSUPPORTED) return rc;
+    }
+    CHECK(in_plain(m, in, &x));
+    CHECK(cn_op_matmul(m->b, y, w, x));
+    return ep == CN_EP_RELU2 ? cn_op_relu2(m->b, y, y) : CN_OK;
+}
+
+/* The same for experts: y = in W[ids]^T per row, then relu^2 when ep is CN_EP_RELU2. */
+static int mm_gather_in(cn_model *m, mix_in *in, cn_tensor *y, const cn_tensor *const *w, int n_w,
+                        const cn_tensor *ids, int ep) {
+    cn_mm_ep f;
+    const cn_tensor *x;
+    if (in_fuse(m, in, ep, &f, &x)) {
+        int rc = cn_op_matmul_gather_ep(m->b, y, w, n_w, x, ids, &f);
+        if (rc != CN_EUNSUPPORTED) return rc;
+    }
+    CHECK(in_plain(m, in, &x));
+    CHECK(cn_op_matmul_gather(m->b, y, w, n_w, x, ids));
+    return ep == CN_EP_RELU2 ? cn_op_relu2(m->b, y, y) : CN_OK;
+}
+
+/* A mixer's last product y = x W^T, or with acc (a fused step) h += x W^T into the residual
+ * stream h = y: fused where the backend allows, else through s->out. */
+static int matmul_out(cn_model *m, int acc, cn_tensor *y, const cn_tensor *w, const cn_tensor *x) {
+    if (!acc) return cn_op_matmul(m->b, y, w, x);
+    const cn_mm_ep f = {.ep = CN_EP_ACC};
+    int rc = cn_op_matmul_ep(m->b, y, w, x, &f);
+    if (rc != CN_EUNSUPPORTED) return rc;
+    cn_tensor o = rows(&m->s.out, (int)y->shape[0]);
+    CHECK(cn_op_matmul(m->b, &o, w, x));
+    return cn_op_add(m->b, y, y, &o);
+}
+
 /* A piece of a batch ends at `end` (tokens into the piece); capture >= 0 names the snapshot that
  * receives the recurrent state there. */
 typedef struct segment {
@@ -152,9 +239,9 @@ typedef struct segment {
     int capture;
 } segment;
 
-/* MAMBA2(xn) -> out, over T tokens cut in segments. */
+/* MAMBA2(in) -> out (acc: added into out), over T tokens cut in segments. */
 static int mamba_mixer(cn_model *m, const cn_mamba_w *w, cn_layer_state *ls, int mamba_idx,
-                       cn_tensor *out, const cn_tensor *xn, int T, const segment *seg, int n_seg,
+                       cn_tensor *out, int acc, mix_in *in, int T, const segment *seg, int n_seg,
                        cn_rsnap *caps) {
     const cn_config *c = &m->cfg;
     cn_backend *b = m->b;
@@ -167,7 +254,7 @@ static int mamba_mixer(cn_model *m, const cn_mamba_w *w, cn_layer_state *ls, int
     };
     cn_tensor zxbcdt = rows(&s->proj, T);
     zxbcdt.shape[1] = m->in_proj_dim;
-    CHECK(cn_op_matmul(b, &zxbcdt, &w->in_proj, xn));                 /* in_proj */
+    CHECK(mm_in(m, in, &zxbcdt, &w->in_proj, 0));                     /* in_proj */
     cn_tensor z = cn_tensor_cols(&zxbcdt, 0, di);                      /* gate */
     cn_tensor xbc = cn_tensor_cols(&zxbcdt, di, m->conv_dim);          /* conv input */
     cn_tensor dt = cn_tensor_cols(&zxbcdt, di + m->conv_dim, c->mamba_n_heads);
@@ -195,53 +282,60 @@ static int mamba_mixer(cn_model *m, const cn_mamba_w *w, cn_layer_state *ls, int
         }
         start = seg[i].end;
     }
-    /* gate before the grouped norm: norm(y * silu(z)) * w */
-    CHECK(cn_op_gated_rmsnorm(b, &y, &y, &z, &w->norm, (int)(di / c->n_groups), c->norm_eps));
-    return cn_op_matmul(b, out, &w->out_proj, &y);                    /* out_proj */
+    /* gate before the grouped norm: norm(y * silu(z)) * w; fused, inside out_proj's product */
+    const int group = (int)(di / c->n_groups);
+    if (acc) {
+        const cn_mm_ep f = {.ep = CN_EP_ACC, .norm = &w->norm, .gate = &z, .group = group,
+                            .eps = c->norm_eps};
+        int rc = cn_op_matmul_ep(b, out, &w->out_proj, &y, &f);
+        if (rc != CN_EUNSUPPORTED) return rc;
+    }
+    CHECK(cn_op_gated_rmsnorm(b, &y, &y, &z, &w->norm, group, c->norm_eps));
+    return matmul_out(m, acc, out, &w->out_proj, &y);                 /* out_proj */
 }
 
 /* ATTN(xn) -> out: GQA over the KV cache, no positional encoding. A one-token step's K/V row
  * goes through scratch and cn_op_set_rows, whose row (like attention's n_past) follows the
  * step's position, so a backend can replay the step at the next offset (backend.h, steps (d)). */
 static int attn_mixer(cn_model *m, const cn_attn_w *w, cn_layer_state *ls, int offset,
-                      cn_tensor *out, const cn_tensor *xn, int T) {
+                      cn_tensor *out, int acc, mix_in *in, int T) {
     const cn_config *c = &m->cfg;
     cn_backend *b = m->b;
     cn_tensor q = rows(&m->s.proj, T);
     q.shape[1] = (int64_t)c->n_heads * c->head_dim;
-    CHECK(cn_op_matmul(b, &q, &w->q, xn));
+    CHECK(mm_in(m, in, &q, &w->q, 0));
     if (T == 1) {
         cn_tensor kn = rows(&m->s.kn, 1), vn = rows(&m->s.vn, 1);
-        CHECK(cn_op_matmul(b, &kn, &w->k, xn));
-        CHECK(cn_op_matmul(b, &vn, &w->v, xn));
+        CHECK(mm_in(m, in, &kn, &w->k, 0));
+        CHECK(mm_in(m, in, &vn, &w->v, 0));
         CHECK(cn_op_set_rows(b, &ls->k, offset, &kn));                /* append to the cache */
         CHECK(cn_op_set_rows(b, &ls->v, offset, &vn));
     } else {
         cn_tensor kc = cn_tensor_rows(&ls->k, offset, T), vc = cn_tensor_rows(&ls->v, offset, T);
-        CHECK(cn_op_matmul(b, &kc, &w->k, xn));                       /* append to the cache */
-        CHECK(cn_op_matmul(b, &vc, &w->v, xn));
+        CHECK(mm_in(m, in, &kc, &w->k, 0));                           /* append to the cache */
+        CHECK(mm_in(m, in, &vc, &w->v, 0));
     }
     cn_tensor att = rows(&m->s.y, T);
     att.shape[1] = q.shape[1];
     CHECK(cn_op_attention(b, &att, &q, &ls->k, &ls->v, offset, c->n_heads, c->n_kv_heads,
                           1.0f / sqrtf((float)c->head_dim)));
-    return cn_op_matmul(b, out, &w->o, &att);
+    return matmul_out(m, acc, out, &w->o, &att);
 }
 
 /* Sliding-window ATTN(xn) -> out: the new K/V rows stay in scratch while the attention reads the
  * ring and them, so no position a query of this batch needs is overwritten first; captures copy
  * their window from the same two places; then the last min(T, W) rows enter the ring. */
 static int swa_mixer(cn_model *m, const cn_attn_w *w, cn_layer_state *ls, int swa_idx, int offset,
-                     cn_tensor *out, const cn_tensor *xn, int T, const segment *seg, int n_seg,
+                     cn_tensor *out, int acc, mix_in *in, int T, const segment *seg, int n_seg,
                      cn_rsnap *caps) {
     const cn_config *c = &m->cfg;
     cn_backend *b = m->b;
     const int W = ls->window;
     cn_tensor q = rows(&m->s.proj, T), kn = rows(&m->s.kn, T), vn = rows(&m->s.vn, T);
     q.shape[1] = (int64_t)c->n_heads * c->head_dim;
-    CHECK(cn_op_matmul(b, &q, &w->q, xn));
-    CHECK(cn_op_matmul(b, &kn, &w->k, xn));
-    CHECK(cn_op_matmul(b, &vn, &w->v, xn));
+    CHECK(mm_in(m, in, &q, &w->q, 0));
+    CHECK(mm_in(m, in, &kn, &w->k, 0));
+    CHECK(mm_in(m, in, &vn, &w->v, 0));
     for (int i = 0; i < n_seg; i++) {
         if (seg[i].capture < 0) continue;
         cn_rsnap *snap = &caps[seg[i].capture];
@@ -257,11 +351,14 @@ static int swa_mixer(cn_model *m, const cn_attn_w *w, cn_layer_state *ls, int sw
     cn_tensor kt = cn_tensor_rows(&kn, T - keep, keep), vt = cn_tensor_rows(&vn, T - keep, keep);
     CHECK(cn_ring_write(b, &ls->k, &kt, offset + T - keep, offset + T));
     CHECK(cn_ring_write(b, &ls->v, &vt, offset + T - keep, offset + T));
-    return cn_op_matmul(b, out, &w->o, &att);
+    return matmul_out(m, acc, out, &w->o, &att);
 }
 
-/* MOE(xn) -> out: sigmoid router with correction bias, relu² experts, unscaled shared expert. */
-static int moe_mixer(cn_model *m, const cn_moe_w *w, cn_tensor *out, const cn_tensor *xn, int T) {
+/* MOE(in) -> out: sigmoid router with correction bias, relu² experts, unscaled shared expert.
+ * With acc both expert sums are added into out in turn, the routed one by the down products'
+ * own epilogue where the backend fuses it (moe_combine and the add in one launch); the shared
+ * expert's up product reads the input before that. */
+static int moe_mixer(cn_model *m, const cn_moe_w *w, cn_tensor *out, int acc, mix_in *in, int T) {
     const cn_config *c = &m->cfg;
     cn_backend *b = m->b;
     cn_scratch *s = &m->s;
@@ -270,58 +367,102 @@ static int moe_mixer(cn_model *m, const cn_moe_w *w, cn_tensor *out, const cn_te
                         .norm_topk = c->norm_topk_prob, .scaling = c->routed_scaling_factor};
     cn_tensor rl = rows(&s->rlogits, T), ids = rows(&s->rids, T), rw = rows(&s->rw, T);
     cn_tensor eh = rows(&s->eh, T * k), eo = rows(&s->eo, T * k);
-    CHECK(cn_op_matmul(b, &rl, &w->gate, xn));                        /* router logits, fp32 */
+    CHECK(mm_in(m, in, &rl, &w->gate, 0));                            /* router logits, fp32 */
     CHECK(cn_op_moe_route(b, &ids, &rw, &rl, w->bias.data ? &w->bias : NULL, &ra));
-    CHECK(cn_op_matmul_gather(b, &eh, w->up_p, c->n_routed_experts, xn, &ids));
-    CHECK(cn_op_relu2(b, &eh, &eh));
-    CHECK(cn_op_matmul_gather(b, &eo, w->down_p, c->n_routed_experts, &eh, &ids));
-    CHECK(cn_op_moe_combine(b, out, &eo, &rw));                       /* sum_j w_j expert_j */
-    if (!w->has_shared) return CN_OK;
+    CHECK(mm_gather_in(m, in, &eh, w->up_p, c->n_routed_experts, &ids, CN_EP_RELU2));
     cn_tensor sh = rows(&s->proj, T), so = rows(&s->tmp, T);
     sh.shape[1] = c->moe_shared_intermediate_size;
-    CHECK(cn_op_matmul(b, &sh, &w->shared_up, xn));
-    CHECK(cn_op_relu2(b, &sh, &sh));
+    if (w->has_shared) CHECK(mm_in(m, in, &sh, &w->shared_up, CN_EP_RELU2));
+    const cn_mm_ep comb = {.ep = CN_EP_ACC, .weights = &rw};
+    int rc = acc ? cn_op_matmul_gather_ep(b, out, w->down_p, c->n_routed_experts, &eh, &ids, &comb)
+                 : CN_EUNSUPPORTED;
+    if (rc == CN_EUNSUPPORTED) {
+        cn_tensor o = acc ? rows(&s->out, T) : *out;
+        CHECK(cn_op_matmul_gather(b, &eo, w->down_p, c->n_routed_experts, &eh, &ids));
+        rc = cn_op_moe_combine(b, &o, &eo, &rw);                      /* sum_j w_j expert_j */
+        if (!rc && acc) rc = cn_op_add(b, out, out, &o);
+    }
+    CHECK(rc);
+    if (!w->has_shared) return CN_OK;
+    if (acc) return matmul_out(m, 1, out, &w->shared_down, &sh);      /* shared expert, unscaled */
     CHECK(cn_op_matmul(b, &so, &w->shared_down, &sh));
     return cn_op_add(b, out, out, &so);                               /* shared expert, unscaled */
 }
 
-/* MLP(xn) -> out: down(relu(up(xn))^2). */
-static int mlp_mixer(cn_model *m, const cn_mlp_w *w, cn_tensor *out, const cn_tensor *xn, int T) {
+/* MLP(in) -> out (acc: added into out): down(relu(up(in))^2). */
+static int mlp_mixer(cn_model *m, const cn_mlp_w *w, cn_tensor *out, int acc, mix_in *in, int T) {
     cn_tensor h = rows(&m->s.proj, T);
     h.shape[1] = m->cfg.intermediate_size;
-    CHECK(cn_op_matmul(m->b, &h, &w->up, xn));
-    CHECK(cn_op_relu2(m->b, &h, &h));
-    return cn_op_matmul(m->b, out, &w->down, &h);
+    CHECK(mm_in(m, in, &h, &w->up, CN_EP_RELU2));
+    return matmul_out(m, acc, out, &w->down, &h);
 }
 
-/* h = h + MIXER(RMSNorm(h)) for every layer of a stack, over T tokens at `offset`. */
+/* h = h + MIXER(RMSNorm(h)) for every layer of a stack, over T tokens at `offset`. A one-token
+ * piece on a backend that fuses lets the mixers normalise h in their first products and add into
+ * h from their last (acc; mix_in). */
 static int run_layers(cn_model *m, const cn_layer_w *layers, cn_state *st, int offset, int T,
                       const segment *seg, int n_seg, cn_rsnap *caps) {
     cn_backend *b = m->b;
     cn_tensor x = rows(&m->s.x, T), xn = rows(&m->s.xn, T), out = rows(&m->s.out, T);
+    const int acc = T == 1 && cn_backend_has_matmul_ep(b);
+    cn_tensor *dst = acc ? &x : &out;
     int mamba_idx = 0, swa_idx = 0;
     for (int l = 0; l < st->n_layers; l++) {
         const cn_layer_w *w = &layers[l];
         cn_layer_state *ls = &st->layers[l];
-        CHECK(cn_op_rmsnorm(b, &xn, &x, &w->norm, m->cfg.norm_eps));  /* pre-mixer norm */
+        mix_in in = {.h = &xn, .xn = &xn, .normed = 1};
+        if (acc) in = (mix_in){.h = &x, .norm = &w->norm, .xn = &xn, .fuse = 1};
+        else CHECK(cn_op_rmsnorm(b, &xn, &x, &w->norm, m->cfg.norm_eps)); /* pre-mixer norm */
         switch (w->type) {
         case CN_BLOCK_MAMBA:
-            CHECK(mamba_mixer(m, &w->mamba, ls, mamba_idx++, &out, &xn, T, seg, n_seg, caps));
+            CHECK(mamba_mixer(m, &w->mamba, ls, mamba_idx++, dst, acc, &in, T, seg, n_seg, caps));
             break;
-        case CN_BLOCK_ATTN: CHECK(attn_mixer(m, &w->attn, ls, offset, &out, &xn, T)); break;
+        case CN_BLOCK_ATTN: CHECK(attn_mixer(m, &w->attn, ls, offset, dst, acc, &in, T)); break;
         case CN_BLOCK_SWA:
-            CHECK(swa_mixer(m, &w->attn, ls, swa_idx++, offset, &out, &xn, T, seg, n_seg, caps));
+            CHECK(swa_mixer(m, &w->attn, ls, swa_idx++, offset, dst, acc, &in, T, seg, n_seg, caps));
             break;
-        case CN_BLOCK_MOE: CHECK(moe_mixer(m, &w->moe, &out, &xn, T)); break;
-        case CN_BLOCK_MLP: CHECK(mlp_mixer(m, &w->mlp, &out, &xn, T)); break;
+        case CN_BLOCK_MOE: CHECK(moe_mixer(m, &w->moe, dst, acc, &in, T)); break;
+        case CN_BLOCK_MLP: CHECK(mlp_mixer(m, &w->mlp, dst, acc, &in, T)); break;
         }
-        CHECK(cn_op_add(b, &x, &x, &out));                            /* residual */
+        if (!acc) CHECK(cn_op_add(b, &x, &x, &out));                  /* residual */
     }
     return CN_OK;
 }
 
-/* Final norm and lm_head over rows [r0, r0+n) of x; logits and hidden to host (either optional). */
-static int head(cn_model *m, const cn_tensor *norm, int r0, int n, float *logits, float *hidden) {
+/* The host's greedy pick of a logits row, by cn_op_argmax's rules (for a backend without it). */
+static int32_t host_argmax(const float *v, int64_t n) {
+    int32_t best = 0;
+    float best_x = -INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+        float x = v[i];
+        if (isnan(x)) continue;
+        if (x > FLT_MAX) x = FLT_MAX;
+        if (x > best_x) {
+            best_x = x;
+            best = (int32_t)i;
+        }
+    }
+    return best;
+}
+
+/* The greedy pick of logits row lg into *pick: from `dev` when cn_op_argmax was queued on it
+ * (queued), else from the row downloaded into `host` (the model's own host row when the caller
+ * keeps no logits, or the caller's row already downloaded). */
+static int fetch_pick(cn_model *m, int queued, const cn_tensor *dev, const cn_tensor *lg,
+                      float *host, int32_t *pick) {
+    if (queued) return cn_backend_download(m->b, pick, dev);
+    if (!host) {
+        host = m->s.host_logits;
+        CHECK(cn_backend_download(m->b, host, lg));
+    }
+    *pick = host_argmax(host, m->cfg.vocab_size);
+    return CN_OK;
+}
+
+/* Final norm and lm_head over rows [r0, r0+n) of x; logits and hidden to host (either optional),
+ * and the greedy pick of the last row (optional). */
+static int head(cn_model *m, const cn_tensor *norm, int r0, int n, float *logits, float *hidden,
+                int32_t *pick) {
     cn_backend *b = m->b;
     cn_scratch *s = &m->s;
     int64_t V = m->cfg.vocab_size;
@@ -334,6 +475,15 @@ static int head(cn_model *m, const cn_tensor *norm, int r0, int n, float *logits
         CHECK(cn_op_matmul(b, &lg, &m->w.lm_head, &xr));
         CHECK(cn_backend_download(b, logits + (size_t)i * V, &lg));
     }
+    if (pick) {
+        cn_tensor lg = rows(&s->logits, 1), xr = cn_tensor_rows(&xn, n - 1, 1);
+        if (!logits) CHECK(cn_op_matmul(b, &lg, &m->w.lm_head, &xr));
+        else lg = cn_tensor_rows(&s->logits, (n - 1) % s->logit_rows, 1); /* the last row's */
+        const int queued = cn_backend_has_argmax(b);
+        if (queued) CHECK(cn_op_argmax(b, &s->pick, &lg));
+        CHECK(fetch_pick(m, queued, &s->pick, &lg, logits ? logits + (size_t)(n - 1) * V : NULL,
+                         pick));
+    }
     return CN_OK;
 }
 
@@ -342,9 +492,11 @@ static int head(cn_model *m, const cn_tensor *norm, int r0, int n, float *logits
 /* Step keys (backend.h): one per op sequence, so a backend that records steps keeps each apart. */
 enum { STEP_DECODE, STEP_DECODE_CAPTURE, STEP_MTP, STEP_PREFILL };
 
-/* The tag of a positioned step (backend.h (d)): what its ops depend on besides the position. */
-static uint64_t step_tag(const cn_state *st, int head) {
-    return (uint64_t)(uintptr_t)st * 2u + (head ? 1u : 0u);
+/* The tag of a positioned step (backend.h (d)): what its ops depend on besides the position
+ * (the state; whether the lm_head runs, whether the greedy pick follows it, whether the hidden
+ * state is kept: without it norm_f may ride in the lm_head's product). */
+static uint64_t step_tag(const cn_state *st, int head, int pick, int hidden) {
+    return (uint64_t)(uintptr_t)st * 8u + (head ? 1u : 0u) + (pick ? 2u : 0u) + (hidden ? 4u : 0u);
 }
 
 /* Ends a step begun by the caller after its ops returned rc: runs it if they all succeeded.
@@ -355,32 +507,49 @@ static int step_finish(cn_backend *b, int rc) {
 }
 
 /* A decode token (T == 1) of the main stack as one backend step: the lookup, every layer and the
- * head's norm and lm_head inside it (no host transfer, so the backend may record and replay it),
- * the downloads after it. s->ids already holds the token. Without captures the step is begun at
- * its offset, tagged with the state and whether the lm_head runs (all its ops depend on), so a
- * backend may replay the previous token's step instead of the ops being issued (returns 1). */
+ * head's norm, lm_head and greedy pick inside it (no host transfer, so the backend may record and
+ * replay it), the downloads after it. s->ids already holds the token. Without captures the step
+ * is begun at its offset, tagged with the state and what the head does (all its ops depend on),
+ * so a backend may replay the previous token's step instead of the ops being issued (returns 1). */
 static int decode_step(cn_model *m, cn_state *st, int offset, const segment *seg, int n_seg,
-                       cn_rsnap *caps, float *logits, float *hidden) {
+                       cn_rsnap *caps, float *logits, float *hidden, int32_t *pick) {
     cn_backend *b = m->b;
     cn_scratch *s = &m->s;
     cn_tensor ids = cn_tensor_rows(&s->ids, 0, 1), x = rows(&s->x, 1), xn = rows(&s->xn, 1);
     cn_tensor lg = rows(&s->logits, 1);
     ids.ndim = 1;
     const int capture = n_seg > 1 || seg[0].capture >= 0;
+    /* whether the backend picks (a replayed step did what its recording did: the same backend) */
+    const int queued = pick && cn_backend_has_argmax(b);
     int rc = capture ? cn_backend_step_begin(b, STEP_DECODE_CAPTURE)
-                     : cn_backend_step_begin_at(b, STEP_DECODE, step_tag(st, logits != NULL), offset);
+                     : cn_backend_step_begin_at(b, STEP_DECODE,
+                                                step_tag(st, logits || pick, pick != NULL,
+                                                         hidden != NULL),
+                                                offset);
     if (rc < 0) return rc;
     if (rc == 0) {
         rc = cn_op_get_rows(b, &x, &m->w.embed, &ids);                    /* h = embed[tok] */
         if (!rc) rc = run_layers(m, m->w.layers, st, offset, 1, seg, n_seg, caps);
-        if (!rc) rc = cn_op_rmsnorm(b, &xn, &x, &m->w.norm_f, m->cfg.norm_eps);
-        if (!rc && logits) rc = cn_op_matmul(b, &lg, &m->w.lm_head, &xn);
+        /* norm_f inside the lm_head's product where the backend fuses it (hidden needs xn) */
+        int head_done = 0;
+        if (!rc && !hidden && (logits || pick) && cn_backend_has_matmul_ep(b)) {
+            const cn_mm_ep f = {.norm = &m->w.norm_f, .eps = m->cfg.norm_eps};
+            rc = cn_op_matmul_ep(b, &lg, &m->w.lm_head, &x, &f);
+            head_done = rc == CN_OK;
+            if (rc == CN_EUNSUPPORTED) rc = CN_OK;
+        }
+        if (!rc && !head_done) rc = cn_op_rmsnorm(b, &xn, &x, &m->w.norm_f, m->cfg.norm_eps);
+        if (!rc && !head_done && (logits || pick)) rc = cn_op_matmul(b, &lg, &m->w.lm_head, &xn);
+        if (!rc && queued) rc = cn_op_argmax(b, &ids, &lg);  /* greedy pick, over the token read */
     } else {
         rc = CN_OK; /* replayed */
     }
+    if (queued) s->ids0 = -1; /* the pick lands in ids[0]: unknown until downloaded */
     CHECK(step_finish(b, rc));
     if (hidden) CHECK(cn_backend_download(b, hidden, &xn));
     if (logits) CHECK(cn_backend_download(b, logits, &lg));
+    if (pick) CHECK(fetch_pick(m, queued, &ids, &lg, logits, pick));
+    if (queued) s->ids0 = *pick;
     return CN_OK;
 }
 
@@ -450,7 +619,12 @@ int cn_model_forward(cn_model *m, cn_state *st, cn_batch *bt) {
         if (n_seg == 0 || seg[n_seg - 1].end < T) seg[n_seg++] = (segment){T, -1};
         cn_tensor ids = cn_tensor_rows(&m->s.ids, 0, T), x = rows(&m->s.x, T);
         ids.ndim = 1;
-        if ((rc = cn_backend_upload(b, &m->s.ids, 0, bt->tokens + done, (uint64_t)T * 4))) goto fail;
+        /* a decode token the previous step picked on the backend is there already */
+        if (T > 1 || m->s.ids0 != bt->tokens[done]) {
+            m->s.ids0 = -1;
+            if ((rc = cn_backend_upload(b, &m->s.ids, 0, bt->tokens + done, (uint64_t)T * 4))) goto fail;
+            m->s.ids0 = bt->tokens[done];
+        }
         if (T == 1) { /* a decode token: one backend step; the head's rows as below */
             int last = done + 1 == bt->n;
             float *lp = NULL, *hp = NULL;
@@ -464,7 +638,8 @@ int cn_model_forward(cn_model *m, cn_state *st, cn_batch *bt) {
                 lp = bt->logits;
                 hp = bt->hidden;
             }
-            if ((rc = decode_step(m, st, offset, seg, n_seg, bt->captures, lp, hp))) goto fail;
+            int32_t *pk = last ? bt->argmax : NULL;
+            if ((rc = decode_step(m, st, offset, seg, n_seg, bt->captures, lp, hp, pk))) goto fail;
             offset += T;
             done += T;
             continue;
@@ -475,16 +650,18 @@ int cn_model_forward(cn_model *m, cn_state *st, cn_batch *bt) {
         rc = cn_op_get_rows(b, &x, &m->w.embed, &ids);                      /* h = embed[tok] */
         if (!rc) rc = run_layers(m, m->w.layers, st, offset, T, seg, n_seg, bt->captures);
         if ((rc = step_finish(b, rc))) goto fail;
+        const int last = done + T == bt->n;
+        int32_t *pk = last ? bt->argmax : NULL;
         if (bt->all_logits) {
             rc = head(m, &m->w.norm_f, 0, T, bt->logits ? bt->logits + (size_t)done * V : NULL,
-                      bt->hidden ? bt->hidden + (size_t)done * H : NULL);
+                      bt->hidden ? bt->hidden + (size_t)done * H : NULL, pk);
         } else if (bt->all_hidden && bt->hidden) {
             /* every row's hidden; the lm_head only for the batch's last row */
-            int last = done + T == bt->n;
-            rc = head(m, &m->w.norm_f, 0, T, NULL, bt->hidden + (size_t)done * H);
-            if (!rc && last && bt->logits) rc = head(m, &m->w.norm_f, T - 1, 1, bt->logits, NULL);
-        } else if (done + T == bt->n) {
-            rc = head(m, &m->w.norm_f, T - 1, 1, bt->logits, bt->hidden);
+            rc = head(m, &m->w.norm_f, 0, T, NULL, bt->hidden + (size_t)done * H, NULL);
+            if (!rc && last && (bt->logits || pk))
+                rc = head(m, &m->w.norm_f, T - 1, 1, bt->logits, NULL, pk);
+        } else if (last) {
+            rc = head(m, &m->w.norm_f, T - 1, 1, bt->logits, bt->hidden, pk);
         }
         if (rc) goto fail;
         offset += T;
@@ -500,6 +677,11 @@ fail:
 int cn_model_decode(cn_model *m, cn_state *s, int32_t token, float *logits) {
     cn_batch bt = {.tokens = &token, .n = 1, .logits = logits};
     return cn_model_forward(m, s, &bt);
+}
+
+int cn_model_decode_greedy(cn_model *m, cn_state *s, int32_t token, int32_t *next) {
+    cn_batch bt = {.tokens = &token, .n = 1, .argmax = next};
+    return next ? cn_model_forward(m, s, &bt) : CN_EINVAL;
 }
 
 int cn_model_verify(cn_model *m, cn_state *s, const int32_t *tokens, int k, float *logits) {
@@ -526,7 +708,9 @@ static int mtp_forward(cn_model *m, cn_state *st, const float *hidden, const int
         cn_tensor cat = rows(&m->s.cat, T);
         cn_tensor ce = cn_tensor_cols(&cat, 0, H), ch = cn_tensor_cols(&cat, H, H);
         ids.ndim = 1;
+        m->s.ids0 = -1;
         CHECK(cn_backend_upload(b, &m->s.ids, 0, next + done, (uint64_t)T * 4));
+        m->s.ids0 = next[done];
         CHECK(cn_backend_upload(b, &m->s.x, 0, hidden + (size_t)done * H, (uint64_t)T * H * 4));
         /* one draft token is one backend step (uploads before it, downloads after it) */
         const int step = T == 1, last = done + T == n;
@@ -537,7 +721,7 @@ static int mtp_forward(cn_model *m, cn_state *st, const float *hidden, const int
             hp = last ? hidden_out : NULL;
         }
         int rc = 0; /* a draft token's step may be replayed at the next offset (decode_step) */
-        if (step) rc = cn_backend_step_begin_at(b, STEP_MTP, step_tag(st, lp != NULL), st->offset);
+        if (step) rc = cn_backend_step_begin_at(b, STEP_MTP, step_tag(st, lp != NULL, 0, 0), st->offset);
         if (rc < 0) return rc;
         const int replayed = rc == 1;
         rc = replayed ? CN_OK : cn_op_get_rows(b, &e, &m->w.embed, &ids);  /* e = embed(t_{i+1}) */
@@ -556,11 +740,11 @@ static int mtp_forward(cn_model *m, cn_state *st, const float *hidden, const int
             CHECK(rc);
             cn_tensor xl = cn_tensor_rows(&x, T - 1, 1);
             if (hp) CHECK(cn_backend_download(b, hp, &xl));
-            if (lp) CHECK(head(m, &w->final_norm, T - 1, 1, lp, NULL)); /* the lm_head for one row */
+            if (lp) CHECK(head(m, &w->final_norm, T - 1, 1, lp, NULL, NULL)); /* the lm_head for one row */
         } else {
             CHECK(rc);
             if (hp) CHECK(cn_backend_download(b, hp, &x));
-            CHECK(head(m, &w->final_norm, 0, T, lp, NULL));
+            CHECK(head(m, &w->final_norm, 0, T, lp, NULL, NULL));
         }
         st->offset += T;
         done += T;

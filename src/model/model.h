@@ -86,6 +86,10 @@ typedef struct cn_batch {
                             * after norm_f */
     int all_hidden;        /* 1: hidden of every position even when all_logits is 0 (a drafter
                             * pairs each position's hidden with the next token) */
+    int32_t *argmax;       /* OUT (optional): the greedy pick of the last position's logits
+                            * (cn_op_argmax: the sampler's greedy token without penalties),
+                            * taken on the backend, so that a decode brings 4 bytes to the host;
+                            * logits may be NULL beside it */
     const int *capture_at; /* (optional) ascending offsets in (offset, offset+n] to capture at */
     int n_capture;
     cn_rsnap *captures;    /* OUT: [n_capture]; caller owns each, cn_rsnap_free() */
@@ -151,6 +155,8 @@ void cn_model_decode_traffic(const cn_model *m, cn_decode_traffic *out);
 int cn_model_forward(cn_model *m, cn_state *s, cn_batch *b);
 /* One token; logits [vocab] of it. */
 int cn_model_decode(cn_model *m, cn_state *s, int32_t token, float *logits);
+/* One token; *next gets its greedy pick (cn_batch.argmax), its logits never reach the host. */
+int cn_model_decode_greedy(cn_model *m, cn_state *s, int32_t token, int32_t *next);
 /* k tokens; logits [k][vocab] of every one (speculative verification). */
 int cn_model_verify(cn_model *m, cn_state *s, const int32_t *tokens, int k, float *logits);
 

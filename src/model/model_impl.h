@@ -91,6 +91,10 @@ typedef struct cn_scratch {
     cn_tensor kn, vn;  /* [U, n_kv*head_dim] new K/V rows of a sliding-window layer (only when
                         * the model has one; they reach the ring after the attention) */
     cn_tensor logits;  /* [logit_rows, V] */
+    cn_tensor pick;    /* [1] I32 greedy pick of the last logits row (cn_batch.argmax) */
+    int64_t ids0;      /* the token ids[0] is known to hold on the backend, or -1: a decode step
+                        * writes its greedy pick there, so the next token's upload is skipped */
+    float *host_logits; /* [V] host row for a backend without cn_op_argmax (malloc'd) */
 } cn_scratch;
 
 struct cn_model {

@@ -158,6 +158,77 @@ int cn_op_matmul_gather(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, 
     return b->iface->matmul_gather(b, y, w, n_w, x, ids);
 }
 
+/* Byte span [lo, hi) a 2D tensor's rows cover. */
+static void span2d(const cn_tensor *t, const char **lo, const char **hi) {
+    *lo = (const char *)t->data;
+    *hi = *lo + (ROWS(t) > 0 ? (ROWS(t) - 1) * t->stride[0] : 0) +
+          COLS(t) * (int64_t)cn_dtype_size(t->dtype);
+}
+
+static int overlap2d(const cn_tensor *a, const cn_tensor *c) {
+    const char *a0, *a1, *c0, *c1;
+    span2d(a, &a0, &a1);
+    span2d(c, &c0, &c1);
+    return a0 < c1 && c0 < a1;
+}
+
+int cn_backend_has_matmul_ep(const cn_backend *b) { return b->iface->matmul_ep != NULL; }
+
+/* The parts of f every fused matmul checks: a known epilogue, a norm of x's width. */
+static int ep_ok(const cn_mm_ep *f, const cn_tensor *x) {
+    if (!f || (f->ep != 0 && f->ep != CN_EP_RELU2 && f->ep != CN_EP_ACC)) return 0;
+    if (f->gate && (!f->norm || !is2d_f32(f->gate) || !same2d(f->gate, x) || f->group <= 0 ||
+                    COLS(x) % f->group))
+        return 0;
+    return !f->norm || is_vec_f32(f->norm, COLS(x));
+}
+
+int cn_op_matmul_ep(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor *x,
+                    const cn_mm_ep *f) {
+    if (!is2d_f32(y) || !is2d_f32(x) || !weight_ok(w) || !ep_ok(f, x) || f->weights)
+        return CN_EINVAL;
+    if (COLS(x) != w->shape[1] || ROWS(y) != ROWS(x) || COLS(y) != w->shape[0]) return CN_EINVAL;
+    if (f->ep == CN_EP_ACC && overlap2d(y, x)) return CN_EINVAL;
+    if (!b->iface->supports_weight(b, w->dtype)) return CN_EUNSUPPORTED;
+    if (!b->iface->matmul_ep) return CN_EUNSUPPORTED;
+    return b->iface->matmul_ep(b, y, w, x, f);
+}
+
+int cn_op_matmul_gather_ep(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, int n_w,
+                           const cn_tensor *x, const cn_tensor *ids, const cn_mm_ep *f) {
+    if (!is2d_f32(y) || !is2d_f32(x) || n_w <= 0 || !ids || ids->dtype != CN_I32 ||
+        ids->ndim != 2 || !ep_ok(f, x) || f->gate)
+        return CN_EINVAL;
+    int64_t rows = ROWS(ids) * COLS(ids);
+    if (ROWS(x) != ROWS(ids) && ROWS(x) != rows) return CN_EINVAL;
+    if (f->ep != CN_EP_ACC) {
+        if (ROWS(y) != rows || f->weights) return CN_EINVAL;
+    } else {
+        const cn_tensor *rw = f->weights;
+        if (ROWS(y) != ROWS(ids) || !is2d_f32(rw) || ROWS(rw) != ROWS(ids) ||
+            COLS(rw) != COLS(ids) || overlap2d(y, x) || overlap2d(y, rw))
+            return CN_EINVAL;
+    }
+    for (int e = 0; e < n_w; e++) {
+        if (!weight_ok(w[e]) || w[e]->shape[1] != COLS(x) || w[e]->shape[0] != COLS(y))
+            return CN_EINVAL;
+        if (!b->iface->supports_weight(b, w[e]->dtype)) return CN_EUNSUPPORTED;
+    }
+    if (!b->iface->matmul_gather_ep) return CN_EUNSUPPORTED;
+    return b->iface->matmul_gather_ep(b, y, w, n_w, x, ids, f);
+}
+
+int cn_backend_has_argmax(const cn_backend *b) { return b->iface->argmax != NULL; }
+
+int cn_op_argmax(cn_backend *b, cn_tensor *ids, const cn_tensor *x) {
+    if (!is2d_f32(x) || !ids || ids->dtype != CN_I32 || COLS(x) < 1) return CN_EINVAL;
+    if (cn_tensor_nelem(ids) != ROWS(x) || (ids->ndim == 2 && COLS(ids) != 1) ||
+        !cn_tensor_is_contiguous(ids))
+        return CN_EINVAL;
+    if (!b->iface->argmax) return CN_EUNSUPPORTED;
+    return b->iface->argmax(b, ids, x);
+}
+
 int cn_op_get_rows(cn_backend *b, cn_tensor *y, const cn_tensor *table, const cn_tensor *ids) {
     if (!is2d_f32(y) || !weight_ok(table) || ids->dtype != CN_I32) return CN_EINVAL;
     if (cn_tensor_nelem(ids) != ROWS(y) || COLS(y) != table->shape[1]) return CN_EINVAL;

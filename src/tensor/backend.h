@@ -215,6 +215,42 @@ int cn_op_moe_combine(cn_backend *b, cn_tensor *y, const cn_tensor *rows, const 
 /* dst rows [row, row + src rows) = src (equal dtype and columns): a decode token's K/V row into
  * the cache. Inside a positioned step, row is relative to its position (steps, (d)). */
 int cn_op_set_rows(cn_backend *b, cn_tensor *dst, int row, const cn_tensor *src);
+/* Greedy pick per row: ids[t] = the column of the largest x[t, :], ties to the lowest column.
+ * NaN counts as -inf and +inf as FLT_MAX (the sampler's invariant (1), so the pick equals greedy
+ * sampling without penalties); a row with nothing above -inf gives 0. ids:[T] (or [T, 1]) I32,
+ * x:[T, N] with N >= 1. Lets a decode bring 4 bytes per token to the host instead of its logits. */
+int cn_op_argmax(cn_backend *b, cn_tensor *ids, const cn_tensor *x);
+/* 1 if the backend implements cn_op_argmax (optional in a backend: CN_EUNSUPPORTED). */
+int cn_backend_has_argmax(const cn_backend *b);
+/* What a backend may fuse around a matmul's product, so that a decode token's small products do
+ * not each need an elementwise op before or after them (cn_op_matmul_ep, cn_op_matmul_gather_ep):
+ * the input normalised on its way in, an epilogue on the output. */
+enum {
+    CN_EP_RELU2 = 1, /* y = relu(product)^2 */
+    CN_EP_ACC = 2,   /* y += product (the residual add); y must not overlap x */
+};
+typedef struct cn_mm_ep {
+    int ep;                   /* CN_EP_*, or 0: y = product */
+    const cn_tensor *norm;    /* (optional) [K] F32: x enters as cn_op_rmsnorm(x, norm, eps) */
+    const cn_tensor *gate;    /* (optional, with norm; cn_op_matmul_ep only) x's shape: x enters
+                               * as cn_op_gated_rmsnorm(x, gate, norm, group, eps) instead */
+    int group;                /* with gate: columns per normalised group, dividing K */
+    float eps;
+    const cn_tensor *weights; /* gather with CN_EP_ACC: routing weights [T, k] F32, else NULL */
+} cn_mm_ep;
+/* 1 if the backend fuses at all (the two ops below). A backend that does may still refuse a shape
+ * it does not fuse (CN_EUNSUPPORTED, nothing written): the caller then runs the plain ops, which
+ * give the same result up to rounding order. */
+int cn_backend_has_matmul_ep(const cn_backend *b);
+/* cn_op_matmul with f applied (f->weights NULL). (optional in a backend: CN_EUNSUPPORTED) */
+int cn_op_matmul_ep(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor *x,
+                    const cn_mm_ep *f);
+/* cn_op_matmul_gather with f applied. CN_EP_RELU2 (or 0): on each row of y:[T*k, N]. CN_EP_ACC:
+ * moe_combine and the residual add fused in, y:[T, N] += sum_j weights[t, j] *
+ * (xr W[ids[t, j]]^T), j = 0..k-1 in order. The ids contract of matmul_gather holds (a bad id:
+ * CN_EINVAL, nothing written). (optional: CN_EUNSUPPORTED) */
+int cn_op_matmul_gather_ep(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, int n_w,
+                           const cn_tensor *x, const cn_tensor *ids, const cn_mm_ep *f);
 /* Elementwise on equal shapes; y may alias an input. */
 int cn_op_add(cn_backend *b, cn_tensor *y, const cn_tensor *a, const cn_tensor *c);
 int cn_op_mul(cn_backend *b, cn_tensor *y, const cn_tensor *a, const cn_tensor *c);

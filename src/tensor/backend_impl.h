@@ -69,6 +69,12 @@ typedef struct cn_backend_iface {
      * (the ops are always issued), default set_rows is copy into the rows' view. */
     int (*step_begin_at)(cn_backend *b, int key, uint64_t tag, int pos);
     int (*set_rows)(cn_backend *b, cn_tensor *dst, int row, const cn_tensor *src);
+    int (*argmax)(cn_backend *b, cn_tensor *ids, const cn_tensor *x);
+    /* Fused epilogues (backend.h), (optional, together or not at all): default CN_EUNSUPPORTED. */
+    int (*matmul_ep)(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor *x,
+                     const cn_mm_ep *f);
+    int (*matmul_gather_ep)(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, int n_w,
+                            const cn_tensor *x, const cn_tensor *ids, const cn_mm_ep *f);
 } cn_backend_iface;
 
 struct cn_backend {

@@ -131,6 +131,28 @@ static void test_greedy_argmax_lowest_id_on_ties(void **state) {
     cn_sampler_free(&s);
 }
 
+/* Greedy means the plain argmax only at temperature 0 without an active penalty: then a caller
+ * may take the pick on the backend (cn_op_argmax) instead of sampling. */
+static void test_is_greedy(void **state) {
+    (void)state;
+    cn_sampler_params p = plain(0.0f, 7);
+    cn_sampler s = open_sampler(&p, 6);
+    assert_true(cn_sampler_is_greedy(&s));
+    cn_sampler_free(&s);
+    p.repeat_penalty = 1.3f; /* a penalty changes the pick once a token repeats */
+    s = open_sampler(&p, 6);
+    assert_false(cn_sampler_is_greedy(&s));
+    cn_sampler_free(&s);
+    p.penalty_last_n = 0; /* the same penalty over an empty window: inactive */
+    s = open_sampler(&p, 6);
+    assert_true(cn_sampler_is_greedy(&s));
+    cn_sampler_free(&s);
+    p = plain(0.5f, 7);
+    s = open_sampler(&p, 6);
+    assert_false(cn_sampler_is_greedy(&s));
+    cn_sampler_free(&s);
+}
+
 static void test_logits_not_modified(void **state) {
     (void)state;
     cn_sampler_params p = plain(1.0f, 3);
@@ -587,6 +609,7 @@ int main(void) {
         cmocka_unit_test(test_dist_is_what_sample_draws),
         cmocka_unit_test(test_invalid_params_rejected),
         cmocka_unit_test(test_greedy_argmax_lowest_id_on_ties),
+        cmocka_unit_test(test_is_greedy),
         cmocka_unit_test(test_logits_not_modified),
         cmocka_unit_test(test_same_seed_same_sequence_golden),
         cmocka_unit_test(test_top_k_1_is_greedy_at_any_temperature),

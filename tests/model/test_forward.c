@@ -196,6 +196,44 @@ static void check_decode(const char *name) {
     double e = tu_rel_err(lg, ref, (size_t)n * f.V);
     fprintf(stderr, "%s: decode vs prefill rel err %.3g\n", name, e);
     assert_true(e < SELF_TOL);
+    /* the greedy pick taken on the backend is the argmax of the same logits; a prefill's too */
+    cn_state *s2;
+    assert_int_equal(cn_state_create(&s2, f.m, n, 0), 0);
+    for (int i = 0; i < n; i++) {
+        int32_t pick = -1;
+        if (i == 2) {
+            cn_batch bt = {.tokens = g.prompt, .n = 3, .argmax = &pick};
+            assert_int_equal(cn_model_forward(f.m, s2, &bt), 0);
+        } else if (i < 2) {
+            continue;
+        } else {
+            assert_int_equal(cn_model_decode_greedy(f.m, s2, g.prompt[i], &pick), 0);
+        }
+        const float *row = lg + (size_t)i * f.V;
+        int32_t best = 0;
+        for (int v = 1; v < f.V; v++)
+            if (row[v] > row[best]) best = v;
+        assert_int_equal(pick, best);
+    }
+    assert_int_equal(cn_model_decode_greedy(f.m, s2, g.prompt[0], NULL), CN_EINVAL);
+    cn_state_free(s2);
+    /* a greedy chain (each pick fed back: its upload is skipped, ids[0] holds it) equals the
+     * chain through host logits */
+    cn_state *sa, *sb;
+    assert_int_equal(cn_state_create(&sa, f.m, 24, 0), 0);
+    assert_int_equal(cn_state_create(&sb, f.m, 24, 0), 0);
+    int32_t chain[21] = {g.prompt[0]}, tb = g.prompt[0];
+    for (int i = 0; i < 20; i++) assert_int_equal(cn_model_decode_greedy(f.m, sa, chain[i], &chain[i + 1]), 0);
+    for (int i = 0; i < 20; i++) {
+        assert_int_equal(cn_model_decode(f.m, sb, tb, lg), 0);
+        int32_t best = 0;
+        for (int v = 1; v < f.V; v++)
+            if (lg[v] > lg[best]) best = v;
+        tb = best;
+        assert_int_equal(chain[i + 1], tb);
+    }
+    cn_state_free(sa);
+    cn_state_free(sb);
     cn_state_free(s);
     free(lg);
     free(ref);

@@ -17,6 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1160,6 +1161,60 @@ static void test_elementwise(void **state) {
     cn_backend_free(b);
 }
 
+/* ---------------------------------------------------------------- argmax */
+
+/* The greedy pick per row by the sampler's rules (NaN never, +inf as FLT_MAX with ties to the
+ * lowest column, a row of -inf/NaN gives 0), on strided rows; no fused epilogues on the CPU. */
+static void test_argmax(void **state) {
+    (void)state;
+    cn_backend *b = backend(2, ISA_BEST);
+    rng r = {77};
+    const int64_t T = 7, C = 301;
+    view x = view_rand(&r, T, C, 3, -5, 5);
+    *at(&x, 0, 0) = 9.0f; /* row 0: a tie, the lower column wins */
+    *at(&x, 0, 200) = 9.0f;
+    *at(&x, 1, 3) = NAN; /* row 1: NaN is never chosen, +inf ties FLT_MAX to the lower column */
+    *at(&x, 1, 50) = INFINITY;
+    *at(&x, 1, 40) = FLT_MAX;
+    for (int64_t c = 0; c < C; c++) *at(&x, 2, c) = c % 2 ? -INFINITY : NAN; /* row 2: none */
+    for (int64_t c = 0; c < C; c++) *at(&x, 3, c) = c < 5 ? NAN : -INFINITY;
+    *at(&x, 3, 9) = -1e30f; /* row 3: the only finite value */
+    *at(&x, 4, C - 1) = 6.0f; /* row 4: the last column */
+    int32_t want[7];
+    for (int64_t t = 0; t < T; t++) {
+        int32_t best = 0;
+        float bx = -INFINITY;
+        for (int64_t c = 0; c < C; c++) {
+            float v = *at(&x, t, c);
+            if (isnan(v)) continue;
+            if (v > FLT_MAX) v = FLT_MAX;
+            if (v > bx) {
+                bx = v;
+                best = (int32_t)c;
+            }
+        }
+        want[t] = best;
+    }
+    assert_int_equal(want[0], 0);
+    assert_int_equal(want[1], 40);
+    assert_int_equal(want[2], 0);
+    assert_int_equal(want[3], 9);
+    assert_int_equal(want[4], C - 1);
+    int32_t got[7] = {-1, -1, -1, -1, -1, -1, -1};
+    cn_tensor ids = cn_tensor_1d(CN_I32, T, got);
+    assert_int_equal(cn_op_argmax(b, &ids, &x.t), CN_OK);
+    assert_memory_equal(got, want, sizeof want);
+    assert_true(cn_backend_has_argmax(b));
+    /* shapes that do not fit, and no epilogues on the CPU */
+    cn_tensor short_ids = cn_tensor_1d(CN_I32, T - 1, got);
+    assert_int_equal(cn_op_argmax(b, &short_ids, &x.t), CN_EINVAL);
+    cn_tensor f_ids = cn_tensor_1d(CN_F32, T, got);
+    assert_int_equal(cn_op_argmax(b, &f_ids, &x.t), CN_EINVAL);
+    assert_false(cn_backend_has_matmul_ep(b));
+    view_free(&x);
+    cn_backend_free(b);
+}
+
 /* ---------------------------------------------------------------- memory */
 
 static void test_memory_alloc_transfer_copy(void **state) {
@@ -1276,6 +1331,7 @@ int main(void) {
         cmocka_unit_test(test_moe_route),
         cmocka_unit_test(test_moe_combine),
         cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_argmax),
         cmocka_unit_test(test_memory_alloc_transfer_copy),
         cmocka_unit_test(test_set_rows_and_positioned_step),
     };

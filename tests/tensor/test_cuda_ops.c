@@ -4,11 +4,12 @@
  * `make test`. Activations are column views of wider buffers (rows strided, first column
  * misaligned) and the padding around every CUDA output is checked to be untouched. Tolerances are
  * max |cuda - cpu| relative to max |cpu|, per op:
- *   matmul / matmul_gather, every weight dtype and path     2e-5  (fp32 sums in another order;
+ *   matmul / matmul_gather, every weight dtype and path,    2e-5  (fp32 sums in another order;
+ *     and the fused ones (norm in, relu^2 / combine / add out) against the plain CPU ops
  *     the tensor-core paths split x in two bf16 terms, within 2^-18 per product, cuda_impl.h (4))
  *   ssm_scan, attention (online softmax)                    2e-5
  *   rmsnorm, gated_rmsnorm, conv1d, moe_combine, elementwise 2e-6
- *   get_rows, copy conversions, routing ids                 exact
+ *   get_rows, copy conversions, routing ids, argmax         exact
  * Bad ids give CN_EINVAL with the output untouched (checked on the device, see cuda_impl.h (1)).
  * Steps (backend.h) give the eager results bit for bit and report bad ids at their end; run with
  * CAIRN_CUDA_GRAPHS=0 as well, the same test covers eager steps.
@@ -18,6 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -725,6 +727,243 @@ static void test_block_scaled(void **st) {
         }
 }
 
+/* ---------------------------------------------------------------- fused decode ops */
+
+/* argmax against the CPU's exactly: random rows of a vocabulary's width, ties, NaN and inf. */
+static void test_argmax(void **st) {
+    (void)st;
+    const int64_t T = 5, N = 131072;
+    pv x = pv_make(T, N, 3, -8, 8);
+    float *h = malloc((size_t)(T * x.W) * sizeof(float));
+    assert_non_null(h);
+    assert_int_equal(cn_backend_download(g_cpu, h, &x.cp), 0);
+    float *r1 = h + x.W + x.off, *r2 = h + 2 * x.W + x.off, *r3 = h + 3 * x.W + x.off;
+    r1[100] = 20.0f; /* row 1: a tie across the row, and NaN/inf */
+    r1[N - 7] = 20.0f;
+    r1[5] = NAN;
+    r1[900] = INFINITY;
+    r1[800] = FLT_MAX;
+    for (int64_t c = 0; c < N; c++) r2[c] = c % 3 ? -INFINITY : NAN; /* row 2: nothing */
+    for (int64_t c = 0; c < N; c++) r3[c] = -INFINITY;
+    r3[N - 1] = -3.0f; /* row 3: only the last column */
+    const uint64_t n = (uint64_t)(T * x.W) * sizeof(float);
+    assert_int_equal(cn_backend_upload(g_cpu, &x.cp, 0, h, n), 0);
+    assert_int_equal(cn_backend_upload(g_cu, &x.gp, 0, h, n), 0);
+    free(h);
+    int32_t zero[5] = {0};
+    pid ids = pid_make(T, 1, zero);
+    assert_int_equal(cn_op_argmax(g_cpu, &ids.c, &x.c), 0);
+    assert_int_equal(cn_op_argmax(g_cu, &ids.g, &x.g), 0);
+    int32_t a[5], b[5];
+    memcpy(a, ids.c.data, sizeof a);
+    assert_int_equal(cn_backend_download(g_cu, b, &ids.g), 0);
+    assert_memory_equal(a, b, sizeof a);
+    assert_int_equal(b[1], 800);
+    assert_int_equal(b[2], 0);
+    assert_int_equal(b[3], N - 1);
+    pid_free(&ids);
+    pv_free(&x);
+    /* many short rows (several launches of 256 rows), and one row longer than 256 spans of 2048;
+     * twice each, so the per-row counters are seen to reset */
+    const int64_t shapes[][2] = {{300, 37}, {1, 600001}};
+    for (int i = 0; i < 2; i++) {
+        const int64_t R = shapes[i][0], C = shapes[i][1];
+        pv y = pv_make(R, C, 2, -1, 1);
+        int32_t *want = calloc((size_t)R, sizeof *want), *got = calloc((size_t)R, sizeof *got);
+        assert_true(want && got);
+        pid yi = pid_make(R, 1, want);
+        assert_int_equal(cn_op_argmax(g_cpu, &yi.c, &y.c), 0);
+        memcpy(want, yi.c.data, (size_t)R * sizeof *want);
+        for (int rep = 0; rep < 2; rep++) {
+            assert_int_equal(cn_op_argmax(g_cu, &yi.g, &y.g), 0);
+            assert_int_equal(cn_backend_download(g_cu, got, &yi.g), 0);
+            assert_memory_equal(want, got, (size_t)R * sizeof *want);
+        }
+        free(want);
+        free(got);
+        pid_free(&yi);
+        pv_free(&y);
+    }
+}
+
+/* matmul_ep against the CPU's rmsnorm, matmul, then relu2 / add, on the decode GEMV's shapes (one
+ * row; N small and large, so K is split over 8 warps and over 1), with and without the norm.
+ * Other shapes are refused untouched. */
+static void test_matmul_ep(void **st) {
+    (void)st;
+    assert_true(cn_backend_has_matmul_ep(g_cu));
+    const int64_t K = 256, Ns[] = {150, 17000};
+    pv nw = vec_make(K, 0.5f, 1.5f);
+    for (size_t d = 0; d < sizeof k_wdt / sizeof k_wdt[0]; d++)
+        for (size_t i = 0; i < 2; i++)
+            for (int ep = 0; ep <= CN_EP_ACC; ep++)
+                for (int norm = 0; norm < 2; norm++) {
+                    if (!ep && !norm) continue;
+                    const int64_t N = Ns[i];
+                    pw w = pw_make(k_wdt[d], N, K, 0.5f);
+                    pv x = pv_make(1, K, 3, -2, 2), y = pv_make(1, N, 2, -3, 3);
+                    pv t = pv_make(1, N, 0, 0, 0), xn = pv_make(1, K, 0, 0, 0);
+                    const cn_tensor *xin = &x.c;
+                    if (norm) {
+                        assert_int_equal(cn_op_rmsnorm(g_cpu, &xn.c, &x.c, &nw.c, 1e-5f), 0);
+                        xin = &xn.c;
+                    }
+                    assert_int_equal(cn_op_matmul(g_cpu, ep ? &t.c : &y.c, &w.c, xin), 0);
+                    if (ep == CN_EP_RELU2) assert_int_equal(cn_op_relu2(g_cpu, &y.c, &t.c), 0);
+                    if (ep == CN_EP_ACC) assert_int_equal(cn_op_add(g_cpu, &y.c, &y.c, &t.c), 0);
+                    const cn_mm_ep f = {.ep = ep, .norm = norm ? &nw.g : NULL, .eps = 1e-5f};
+                    assert_int_equal(cn_op_matmul_ep(g_cu, &y.g, &w.g, &x.g, &f), 0);
+                    char what[80];
+                    snprintf(what, sizeof what, "matmul_ep ep=%d norm=%d %s N=%lld", ep, norm,
+                             cn_dtype_name(k_wdt[d]), (long long)N);
+                    pv_expect(what, &y, TOL_MM);
+                    pv_free(&x);
+                    pv_free(&y);
+                    pv_free(&t);
+                    pv_free(&xn);
+                    pw_free(&w);
+                }
+    /* the gated grouped norm (Mamba's, before out_proj) with the residual add */
+    const int64_t KG = 1024, groups[] = {512, 1024};
+    pv gnw = vec_make(KG, 0.5f, 1.5f);
+    for (size_t d = 0; d < sizeof k_wdt / sizeof k_wdt[0]; d++)
+        for (size_t i = 0; i < 2; i++) {
+            const int64_t N = i ? 5000 : 150, G = groups[i];
+            pw w = pw_make(k_wdt[d], N, KG, 0.2f);
+            pv x = pv_make(1, KG, 3, -2, 2), z = pv_make(1, KG, 1, -3, 3), y = pv_make(1, N, 2, -3, 3);
+            pv t = pv_make(1, N, 0, 0, 0), g = pv_make(1, KG, 0, 0, 0);
+            assert_int_equal(cn_op_gated_rmsnorm(g_cpu, &g.c, &x.c, &z.c, &gnw.c, (int)G, 1e-5f), 0);
+            assert_int_equal(cn_op_matmul(g_cpu, &t.c, &w.c, &g.c), 0);
+            assert_int_equal(cn_op_add(g_cpu, &y.c, &y.c, &t.c), 0);
+            const cn_mm_ep f = {.ep = CN_EP_ACC, .norm = &gnw.g, .gate = &z.g, .group = (int)G,
+                                .eps = 1e-5f};
+            assert_int_equal(cn_op_matmul_ep(g_cu, &y.g, &w.g, &x.g, &f), 0);
+            char what[80];
+            snprintf(what, sizeof what, "matmul_ep gated %s N=%lld group=%lld", cn_dtype_name(k_wdt[d]),
+                     (long long)N, (long long)G);
+            pv_expect(what, &y, TOL_MM);
+            /* groups the staging does not take: refused */
+            const cn_mm_ep f128 = {.ep = CN_EP_ACC, .norm = &gnw.g, .gate = &z.g, .group = 128};
+            assert_int_equal(cn_op_matmul_ep(g_cu, &y.g, &w.g, &x.g, &f128), CN_EUNSUPPORTED);
+            pv_free(&x);
+            pv_free(&z);
+            pv_free(&y);
+            pv_free(&t);
+            pv_free(&g);
+            pw_free(&w);
+        }
+    pv_free(&gnw);
+    /* two rows: refused, nothing written; an unknown epilogue or a norm of the wrong width: EINVAL */
+    pw w = pw_make(CN_BF16, 40, K, 0.5f);
+    pv x = pv_make(2, K, 0, -1, 1), y = pv_make(2, 40, 1, 5, 5);
+    pv nshort = vec_make(K - 1, 1, 1);
+    float *before = get(g_cu, &y.gp);
+    const cn_mm_ep acc = {.ep = CN_EP_ACC}, bad = {.ep = 3}, badn = {.norm = &nshort.g};
+    assert_int_equal(cn_op_matmul_ep(g_cu, &y.g, &w.g, &x.g, &acc), CN_EUNSUPPORTED);
+    assert_int_equal(cn_op_matmul_ep(g_cu, &y.g, &w.g, &x.g, &bad), CN_EINVAL);
+    assert_int_equal(cn_op_matmul_ep(g_cu, &y.g, &w.g, &x.g, &badn), CN_EINVAL);
+    float *after = get(g_cu, &y.gp);
+    assert_memory_equal(before, after, (size_t)(y.T * y.W) * sizeof(float));
+    free(before);
+    free(after);
+    pv_free(&x);
+    pv_free(&y);
+    pv_free(&nshort);
+    pv_free(&nw);
+    pw_free(&w);
+}
+
+/* matmul_gather_ep against the CPU's gather then relu2, or gather, moe_combine and add: one
+ * token's k experts and a few tokens' (the combining counters per token), twice in a row and
+ * inside a step (the counters reset themselves: the same bits every time); a bad id gives
+ * CN_EINVAL with y untouched, and the next call is right again. */
+static void test_matmul_gather_ep(void **st) {
+    (void)st;
+    enum { NW = 8 };
+    const int64_t K = 256, cases[][3] = {{1, 6, 300}, {1, 6, 2688}, {3, 4, 90}}; /* T, k, N */
+    for (size_t d = 0; d < sizeof k_wdt / sizeof k_wdt[0]; d++)
+        for (size_t ci = 0; ci < 3; ci++) {
+            const int64_t T = cases[ci][0], k = cases[ci][1], N = cases[ci][2];
+            pw ws[NW];
+            const cn_tensor *wc[NW], *wg[NW];
+            for (int e = 0; e < NW; e++) {
+                ws[e] = pw_make(k_wdt[d], N, K, 0.5f);
+                wc[e] = &ws[e].c;
+                wg[e] = &ws[e].g;
+            }
+            int32_t ids[32];
+            for (int64_t i = 0; i < T * k; i++) ids[i] = (int32_t)((i * 5 + 3) % NW); /* distinct per token */
+            pid id = pid_make(T, k, ids);
+            char what[80];
+            /* relu2 on every row, x per token (normalised on the way in or not) and per row */
+            pv nw = vec_make(K, 0.5f, 1.5f);
+            for (int per_row = 0; per_row < 3; per_row++) {
+                const int norm = per_row == 2;
+                pv x = pv_make(per_row == 1 ? T * k : T, K, 3, -1, 1), e = pv_make(T * k, N, 1, 0, 0);
+                pv xn = pv_make(x.T, K, 0, 0, 0);
+                if (norm) assert_int_equal(cn_op_rmsnorm(g_cpu, &xn.c, &x.c, &nw.c, 1e-6f), 0);
+                assert_int_equal(cn_op_matmul_gather(g_cpu, &e.c, wc, NW, norm ? &xn.c : &x.c, &id.c), 0);
+                assert_int_equal(cn_op_relu2(g_cpu, &e.c, &e.c), 0);
+                const cn_mm_ep f = {.ep = CN_EP_RELU2, .norm = norm ? &nw.g : NULL, .eps = 1e-6f};
+                assert_int_equal(cn_op_matmul_gather_ep(g_cu, &e.g, wg, NW, &x.g, &id.g, &f), 0);
+                snprintf(what, sizeof what, "gather_ep relu2 %s T=%lld k=%lld N=%lld x=%d",
+                         cn_dtype_name(k_wdt[d]), (long long)T, (long long)k, (long long)N, per_row);
+                pv_expect(what, &e, TOL_MM);
+                pv_free(&x);
+                pv_free(&xn);
+                pv_free(&e);
+            }
+            pv_free(&nw);
+            /* combined into the residual */
+            pv x = pv_make(T * k, K, 3, -1, 1), rw = pv_make(T, k, 1, 0, 1);
+            pv y = pv_make(T, N, 2, -3, 3), y2 = pv_make(T, N, 2, -3, 3);
+            pv eo = pv_make(T * k, N, 0, 0, 0), sum = pv_make(T, N, 0, 0, 0);
+            assert_int_equal(cn_op_matmul_gather(g_cpu, &eo.c, wc, NW, &x.c, &id.c), 0);
+            assert_int_equal(cn_op_moe_combine(g_cpu, &sum.c, &eo.c, &rw.c), 0);
+            assert_int_equal(cn_op_add(g_cpu, &y.c, &y.c, &sum.c), 0);
+            float *y_init = get(g_cu, &y.gp);
+            const cn_mm_ep comb = {.ep = CN_EP_ACC, .weights = &rw.g};
+            assert_int_equal(cn_op_matmul_gather_ep(g_cu, &y.g, wg, NW, &x.g, &id.g, &comb), 0);
+            snprintf(what, sizeof what, "gather_ep acc %s T=%lld k=%lld N=%lld", cn_dtype_name(k_wdt[d]),
+                     (long long)T, (long long)k, (long long)N);
+            pv_expect(what, &y, TOL_MM);
+            float *first = get(g_cu, &y.g);
+            /* a bad id: refused, nothing written */
+            int32_t bad_ids[32];
+            memcpy(bad_ids, ids, sizeof bad_ids);
+            bad_ids[T * k - 1] = NW;
+            pid bad = pid_make(T, k, bad_ids);
+            float *before = get(g_cu, &y2.gp);
+            assert_int_equal(cn_op_matmul_gather_ep(g_cu, &y2.g, wg, NW, &x.g, &bad.g, &comb), CN_EINVAL);
+            float *after = get(g_cu, &y2.gp);
+            assert_memory_equal(before, after, (size_t)(y2.T * y2.W) * sizeof(float));
+            /* again into y2 (same start as y), eagerly, then inside a step: the same bits */
+            for (int in_step = 0; in_step < 2; in_step++) {
+                assert_int_equal(cn_backend_upload(g_cu, &y2.gp, 0, y_init, (uint64_t)(y2.T * y2.W) * 4), 0);
+                if (in_step) assert_int_equal(cn_backend_step_begin(g_cu, 9), 0);
+                int rc = cn_op_matmul_gather_ep(g_cu, &y2.g, wg, NW, &x.g, &id.g, &comb);
+                if (in_step) assert_int_equal(cn_backend_step_end(g_cu, rc == 0), 0);
+                assert_int_equal(rc, 0);
+                float *again = get(g_cu, &y2.g);
+                assert_memory_equal(first, again, (size_t)(T * N) * sizeof(float));
+                free(again);
+            }
+            free(y_init);
+            free(before);
+            free(after);
+            free(first);
+            pid_free(&bad);
+            pv_free(&x);
+            pv_free(&rw);
+            pv_free(&y);
+            pv_free(&y2);
+            pv_free(&eo);
+            pv_free(&sum);
+            pid_free(&id);
+            for (int e = 0; e < NW; e++) pw_free(&ws[e]);
+        }
+}
+
 /* The ops of a decode-like step: x = emb[tok]; eh = relu2(experts(x)). */
 static int step_ops(cn_backend *b, cn_tensor *x, cn_tensor *eh, const cn_tensor *emb,
                     const cn_tensor *const *ws, int nw, const cn_tensor *tok, const cn_tensor *eids) {
@@ -952,6 +1191,8 @@ int main(void) {
         cmocka_unit_test(test_conv1d),      cmocka_unit_test(test_ssm_scan),
         cmocka_unit_test(test_attention),   cmocka_unit_test(test_moe),
         cmocka_unit_test(test_block_scaled),
+        cmocka_unit_test(test_argmax),      cmocka_unit_test(test_matmul_ep),
+        cmocka_unit_test(test_matmul_gather_ep),
         cmocka_unit_test(test_step),        cmocka_unit_test(test_step_attention),
         cmocka_unit_test(test_step_replay),
     };

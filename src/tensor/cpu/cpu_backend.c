@@ -216,6 +216,8 @@ static const cn_backend_iface cpu_iface = {
     .relu2 = cpu_relu2,
     .scale = cpu_scale,
     .attention_window = cpu_attention_window,
+    .argmax = cpu_argmax,
+    /* no fused epilogues: each op streams its operands from memory anyway */
 };
 
 cn_backend *cn_cpu_backend_create(int n_threads) {

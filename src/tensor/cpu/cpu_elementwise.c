@@ -1,8 +1,10 @@
-/* cpu_elementwise.c - add, mul, silu, relu^2 and scale over equal-shaped F32 2D tensors.
+/* cpu_elementwise.c - add, mul, silu, relu^2 and scale over equal-shaped F32 2D tensors, and the
+ * greedy argmax of each row.
  *
  * Promises: y may alias an input (each value is read before its own slot is written); rows may be
  * strided views; rows run in parallel only when the tensor is large enough to pay for it.
  */
+#include <float.h>
 #include <math.h>
 
 #include "base/error.h"
@@ -68,4 +70,27 @@ int cpu_relu2(cn_backend *b, cn_tensor *y, const cn_tensor *x) {
 }
 int cpu_scale(cn_backend *b, cn_tensor *y, const cn_tensor *x, float s) {
     return ew_run(b, EW_SCALE, y, x, NULL, s);
+}
+
+/* One row's greedy pick under backend.h's cn_op_argmax rules (the sampler's invariant (1)). */
+static int32_t argmax_row(const float *x, int64_t n) {
+    int32_t best = 0;
+    float best_x = -INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i];
+        if (isnan(v)) continue; /* -inf: never chosen */
+        if (v > FLT_MAX) v = FLT_MAX;
+        if (v > best_x) {
+            best_x = v;
+            best = (int32_t)i;
+        }
+    }
+    return best;
+}
+
+int cpu_argmax(cn_backend *b, cn_tensor *ids, const cn_tensor *x) {
+    (void)b;
+    int32_t *out = ids->data;
+    for (int64_t t = 0; t < x->shape[0]; t++) out[t] = argmax_row(cpu_row(x, t), x->shape[1]);
+    return CN_OK;
 }

@@ -167,6 +167,7 @@ int cpu_mul(cn_backend *b, cn_tensor *y, const cn_tensor *a, const cn_tensor *c)
 int cpu_silu(cn_backend *b, cn_tensor *y, const cn_tensor *x);
 int cpu_relu2(cn_backend *b, cn_tensor *y, const cn_tensor *x);
 int cpu_scale(cn_backend *b, cn_tensor *y, const cn_tensor *x, float s);
+int cpu_argmax(cn_backend *b, cn_tensor *ids, const cn_tensor *x);
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>

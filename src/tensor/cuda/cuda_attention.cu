@@ -9,8 +9,11 @@
  * Many queries (T * Hq >= ATT_SPLIT_MAX_ITEMS, prefill) go to the tensor-core kernel of
  * cuda_attention_prefill.cu when their shapes fit it, else to this one.
  * Split-K for few queries (decode, a speculative verify: T * Hq < ATT_SPLIT_MAX_ITEMS): the keys
- * are cut in spans of ATT_SPLIT_KEYS, one warp per (query, head, span) writes its running max,
- * sum and unnormalised accumulator to scratch, and a second kernel merges the spans in order.
+ * are cut in spans of ATT_SPLIT_KEYS (doubled while that makes more than ATT_SPLIT_SPANS spans),
+ * one warp per (query, head, span) writes its running max, sum and unnormalised accumulator to
+ * scratch, and a second kernel merges the spans in order. A warp walks its span's chunks one
+ * after the other, each a chain of dependent loads and shuffles: short spans keep that chain
+ * short and spread a long cache over many blocks.
  * Those calls always take this path, with a single span too, so a decode step's graph keeps its
  * kernels as the cache grows (only the grid and the scratch change, cuda_backend.cu).
  * Inside a positioned step n_past is read on the device and the spans are the bucket's (the next
@@ -25,7 +28,8 @@
 #define ATT_WARPS 4
 #define ATT_MAX_DH 256
 #define ATT_PER_LANE (ATT_MAX_DH / 32)
-#define ATT_SPLIT_KEYS 256        /* keys per span of a split call */
+#define ATT_SPLIT_KEYS 64         /* keys per span of a split call, at least */
+#define ATT_SPLIT_SPANS 256       /* spans of a split call, at most (longer spans beyond) */
 #define ATT_SPLIT_MAX_ITEMS 2048  /* (query, head) pairs below which calls are split */
 
 typedef struct att_args {
@@ -38,7 +42,8 @@ typedef struct att_args {
     float kscale, vscale, scale;
     int T, n_past, Hq, group, Dh;
     const int *pos; /* positioned step: n_past is *pos + n_past (cu_pos) */
-    int spans;   /* split: spans of ATT_SPLIT_KEYS keys (gridDim.y); 0 when not split */
+    int spans;   /* split: spans of span_keys keys (gridDim.y); 0 when not split */
+    int span_keys;
     float *part; /* split: [T*Hq][spans][Dh + 2] accumulator, then max and sum */
 } att_args;
 
@@ -76,8 +81,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(att_args a) {
     for (int i = 0; i < ATT_PER_LANE; i++) acc[i] = 0.0f;
     float m = -INFINITY, l = 0.0f;
     const int64_t n_all = (int64_t)(a.pos ? *a.pos : 0) + a.n_past + t + 1;
-    const int64_t s_lo = a.spans ? (int64_t)blockIdx.y * ATT_SPLIT_KEYS : 0;
-    const int64_t n_keys = a.spans ? (s_lo + ATT_SPLIT_KEYS < n_all ? s_lo + ATT_SPLIT_KEYS : n_all)
+    const int64_t s_lo = a.spans ? (int64_t)blockIdx.y * a.span_keys : 0;
+    const int64_t n_keys = a.spans ? (s_lo + a.span_keys < n_all ? s_lo + a.span_keys : n_all)
                                    : n_all;
     const int64_t koff = (int64_t)kvh * Dh * (KD == CN_F32 ? 4 : KD == CN_F8_E4M3 ? 1 : 2);
     const int64_t voff = (int64_t)kvh * Dh * (VD == CN_F32 ? 4 : VD == CN_F8_E4M3 ? 1 : 2);
@@ -229,18 +234,22 @@ int cu_attention(cn_backend *b, cn_tensor *out, const cn_tensor *q, const cn_ten
     a.group = n_heads / n_kv_heads;
     a.Dh = (int)Dh;
     a.spans = 0;
+    a.span_keys = 0;
     a.part = NULL;
     if (T * n_heads < ATT_SPLIT_MAX_ITEMS) {
-        int64_t spans = ((int64_t)n_past + T + ATT_SPLIT_KEYS - 1) / ATT_SPLIT_KEYS;
+        int64_t keys = ATT_SPLIT_KEYS;
+        while (((int64_t)n_past + T + keys - 1) / keys > ATT_SPLIT_SPANS) keys *= 2;
+        int64_t spans = ((int64_t)n_past + T + keys - 1) / keys;
         if (a.pos) { /* the bucket, and the highest position it serves */
             int64_t p2 = 1;
             while (p2 < spans) p2 *= 2;
             spans = p2;
-            const int64_t top = spans * ATT_SPLIT_KEYS - T - a.n_past;
+            const int64_t top = spans * keys - T - a.n_past;
             if (top < c->pos_max) c->pos_max = top;
         }
         if (spans > 65535) return CN_EUNSUPPORTED;
         a.spans = (int)spans;
+        a.span_keys = (int)keys;
         a.part = (float *)cu_scratch(c, (size_t)(T * n_heads * spans * (Dh + 2)) * sizeof(float));
         if (!a.part) return CN_ENOMEM;
     }

@@ -110,6 +110,8 @@ static void cu_free(cn_backend *b) {
     cudaFree(c->flag_dev);
     if (c->flag_host) cudaFreeHost(c->flag_host);
     cudaFree(c->par_dev);
+    cudaFree(c->ep_cnt);
+    cudaFree(c->am_cnt);
     if (c->par_host) cudaFreeHost(c->par_host);
     if (c->blas) cublasDestroy(c->blas);
     if (c->stream) cudaStreamDestroy(c->stream);
@@ -435,6 +437,9 @@ static const cn_backend_iface cu_iface = {
     /* .fence_wait = */ cu_fence_wait,
     /* .step_begin_at = */ cu_step_begin_at,
     /* .set_rows = */ cu_set_rows,
+    /* .argmax = */ cu_argmax,
+    /* .matmul_ep = */ cu_matmul_ep,
+    /* .matmul_gather_ep = */ cu_matmul_gather_ep,
 };
 
 extern "C" cn_backend *cn_cuda_backend_create(int device, cn_err *err) {
@@ -457,11 +462,21 @@ extern "C" cn_backend *cn_cuda_backend_create(int device, cn_err *err) {
         cn_err_set(err, CN_ENOMEM, "out of memory");
         return NULL;
     }
-    b->iface = &cu_iface;
     b->ctx = c;
     c->device = device;
     const char *g = getenv("CAIRN_CUDA_GRAPHS");
     c->graphs = !(g && !strcmp(g, "0"));
+    /* the fused decode ops are left out of this backend's table with $CAIRN_CUDA_FUSED=0, so a
+     * run can time the plain op sequence against them */
+    const char *f = getenv("CAIRN_CUDA_FUSED");
+    c->fused = !(f && !strcmp(f, "0"));
+    c->iface = cu_iface;
+    if (!c->fused) {
+        c->iface.argmax = NULL;
+        c->iface.matmul_ep = NULL;
+        c->iface.matmul_gather_ep = NULL;
+    }
+    b->iface = &c->iface;
     const char *step = "set device";
     e = cudaSetDevice(device);
     if (e == cudaSuccess) {
@@ -482,6 +497,13 @@ extern "C" cn_backend *cn_cuda_backend_create(int device, cn_err *err) {
         e = cudaMalloc(&c->par_dev, sizeof(int));
     }
     if (e == cudaSuccess) e = cudaMallocHost(&c->par_host, sizeof(int));
+    if (e == cudaSuccess) {
+        step = "epilogue counters";
+        e = cudaMalloc(&c->ep_cnt, CU_EP_COUNTERS * sizeof(int));
+    }
+    if (e == cudaSuccess) e = cudaMemset(c->ep_cnt, 0, CU_EP_COUNTERS * sizeof(int));
+    if (e == cudaSuccess) e = cudaMalloc(&c->am_cnt, CU_ARGMAX_ROWS * sizeof(int));
+    if (e == cudaSuccess) e = cudaMemset(c->am_cnt, 0, CU_ARGMAX_ROWS * sizeof(int));
     if (e != cudaSuccess) {
         cn_err_set(err, e == cudaErrorMemoryAllocation ? CN_ENOMEM : CN_EIO, "CUDA device %d: %s: %s",
                    device, step, cudaGetErrorString(e));
@@ -500,7 +522,7 @@ extern "C" cn_backend *cn_cuda_backend_create(int device, cn_err *err) {
 }
 
 extern "C" int cn_cuda_backend_stats(const cn_backend *b, cn_cuda_stats *out) {
-    if (!b || b->iface != &cu_iface) return CN_EINVAL;
+    if (!b || b->iface->free != cu_free) return CN_EINVAL;
     *out = ((const cu_ctx *)b->ctx)->stats;
     return CN_OK;
 }

@@ -21,7 +21,10 @@ extern "C" {
  * too old, out of memory). Steps (backend.h) are recorded as CUDA graphs unless the environment
  * has CAIRN_CUDA_GRAPHS=0 at creation or cn_backend_set_record turns it off; then their ops are
  * launched as called, still without a wait per op. A step begun at a position (backend.h (d)) is
- * replayed from its graph, not captured again, while its key, tag and attention bucket hold. */
+ * replayed from its graph, not captured again, while its key, tag and attention bucket hold.
+ * The fused decode ops (argmax, matmul_ep, matmul_gather_ep: backend.h) are offered unless the
+ * environment has CAIRN_CUDA_FUSED=0 at creation (then the model runs the plain op sequence,
+ * downloading logits: the A/B for their speed). */
 cn_backend *cn_cuda_backend_create(int device, cn_err *err);
 
 /* What the steps of a CUDA backend did since creation. */

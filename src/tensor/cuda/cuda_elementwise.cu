@@ -1,11 +1,15 @@
-/* cuda_elementwise.cu - RMSNorm, the gated grouped RMSNorm, add/mul/silu/relu^2/scale, the
- * F32 <-> BF16/F16 conversions of copy and set_rows (rows into a cache at a position), on the GPU.
+/* cuda_elementwise.cu - RMSNorm, the gated grouped RMSNorm, add/mul/silu/relu^2/scale, the greedy
+ * argmax of a row, the F32 <-> BF16/F16 conversions of copy and set_rows (rows into a cache at a
+ * position), on the GPU.
  *
  * Promises: the same formulas as the CPU backend (silu = x / (1 + expf(-x)), sums of squares in
  * double, then fp32); y may alias an input wherever the contract allows it, because every thread
  * reads its elements before writing them and no thread reads another's outputs. Rows may be
  * strided views.
  */
+#include <float.h>
+#include <limits.h>
+
 #include "tensor/cuda/cuda_impl.h"
 
 /* ---------------------------------------------------------------- norms */
@@ -137,6 +141,105 @@ int cu_relu2(cn_backend *b, cn_tensor *y, const cn_tensor *x) {
 }
 int cu_scale(cn_backend *b, cn_tensor *y, const cn_tensor *x, float s) {
     return ew_run<EW_SCALE>(b, y, x, NULL, s);
+}
+
+/* ---------------------------------------------------------------- argmax */
+
+#define ARGMAX_THREADS 256
+#define ARGMAX_PER_BLOCK 2048 /* values a block scans at least: a vocabulary row spreads over
+                               * ~64 blocks, a row of more than ARGMAX_MAX_BLOCKS such spans
+                               * over that many blocks */
+#define ARGMAX_MAX_BLOCKS 256
+
+/* (v, i) beats (bv, bi): larger value, or the same value at a lower index. The order of merging
+ * never matters: the best pair is unique. */
+__device__ __forceinline__ void am_take(float v, int i, float &bv, int &bi) {
+    if (v > bv || (v == bv && i < bi)) {
+        bv = v;
+        bi = i;
+    }
+}
+
+/* The block's best pair, in every thread. */
+__device__ void am_block(float &bv, int &bi) {
+    __shared__ float sv[ARGMAX_THREADS / 32];
+    __shared__ int si[ARGMAX_THREADS / 32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        am_take(ov, oi, bv, bi);
+    }
+    __syncthreads(); /* sv/si may still be read by a previous call */
+    if ((threadIdx.x & 31) == 0) {
+        sv[threadIdx.x >> 5] = bv;
+        si[threadIdx.x >> 5] = bi;
+    }
+    __syncthreads();
+    for (int w = 0; w < ARGMAX_THREADS / 32; w++) am_take(sv[w], si[w], bv, bi);
+}
+
+/* Row blockIdx.y over gridDim.x blocks: each finds its span's best pair, the last block to finish
+ * (cnt[row] counts them; it sets it back to 0) merges the spans' pairs. Values not above -inf
+ * (NaN, -inf) are never candidates and +inf counts as FLT_MAX, so a row without candidates ends
+ * at index INT_MAX and gives 0 (backend.h). */
+__global__ void __launch_bounds__(ARGMAX_THREADS)
+    k_argmax(int32_t *__restrict__ ids, const char *__restrict__ x, int64_t xs, int64_t N,
+             int64_t per, float *part_v, int *part_i, int *cnt) {
+    __shared__ int last;
+    const int row = (int)blockIdx.y, nb = (int)gridDim.x;
+    const float *xr = (const float *)(x + (int64_t)row * xs);
+    const int64_t lo = (int64_t)blockIdx.x * per, hi = lo + per < N ? lo + per : N;
+    float bv = -INFINITY;
+    int bi = INT_MAX;
+    for (int64_t i = lo + threadIdx.x; i < hi; i += ARGMAX_THREADS) {
+        const float v = xr[i];
+        if (!(v > -INFINITY)) continue;
+        am_take(fminf(v, FLT_MAX), (int)i, bv, bi);
+    }
+    am_block(bv, bi);
+    if (threadIdx.x == 0) {
+        part_v[row * nb + blockIdx.x] = bv;
+        part_i[row * nb + blockIdx.x] = bi;
+        __threadfence(); /* the pair is visible before the count says so */
+        last = atomicAdd(&cnt[row], 1) == nb - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    bv = -INFINITY;
+    bi = INT_MAX;
+    for (int b = threadIdx.x; b < nb; b += ARGMAX_THREADS)
+        am_take(__ldcg(part_v + row * nb + b), __ldcg(part_i + row * nb + b), bv, bi);
+    am_block(bv, bi);
+    if (threadIdx.x == 0) {
+        ids[row] = bi == INT_MAX ? 0 : bi;
+        cnt[row] = 0; /* every span has arrived: ready for the next launch */
+    }
+}
+
+int cu_argmax(cn_backend *b, cn_tensor *ids, const cn_tensor *x) {
+    cu_ctx *c = cu_ctx_of(b);
+    const int64_t T = x->shape[0], N = x->shape[1];
+    if (T == 0) return CN_OK;
+    if (N > INT32_MAX) return CN_EINVAL;
+    int64_t per = ARGMAX_PER_BLOCK;
+    if ((N + per - 1) / per > ARGMAX_MAX_BLOCKS) per = (N + ARGMAX_MAX_BLOCKS - 1) / ARGMAX_MAX_BLOCKS;
+    const int64_t nb = (N + per - 1) / per, R = T < CU_ARGMAX_ROWS ? T : CU_ARGMAX_ROWS;
+    char *mem = (char *)cu_scratch(c, (size_t)(R * nb) * (sizeof(float) + sizeof(int)));
+    if (!mem) return CN_ENOMEM;
+    float *pv = (float *)mem;
+    int *pi = (int *)(mem + (size_t)(R * nb) * sizeof(float));
+    for (int64_t t0 = 0; t0 < T; t0 += R) { /* CU_ARGMAX_ROWS rows per launch: one counter each */
+        const int64_t r = T - t0 < R ? T - t0 : R;
+        const dim3 grid((unsigned)nb, (unsigned)r);
+        k_argmax<<<grid, ARGMAX_THREADS, 0, c->stream>>>(
+            (int32_t *)ids->data + t0, (const char *)x->data + t0 * x->stride[0], x->stride[0], N,
+            per, pv, pi, c->am_cnt);
+        const int rc = cu_launch_check("argmax");
+        if (rc) return rc;
+    }
+    return CN_OK;
 }
 
 /* ---------------------------------------------------------------- conversions */

@@ -218,6 +218,70 @@ __device__ __forceinline__ uint4 mm_g1_load(const char *p) {
     return r;
 }
 
+/* What k_gemv1 fuses (backend.h's cn_mm_ep): x normalised on its way in (norm: norm * x is
+ * staged while every block sums the squares of its row in double, as k_rmsnorm does, and the
+ * row's scale multiplies each output: no second sync and pass over the staged row, with which
+ * the fused launches averaged ~6 us more than the plain ones on the H200; the gated norm's scale
+ * changes every group, so its staging is rescaled in place), and an epilogue (CN_EP_*; 0: none). Combining (ep CN_EP_ACC with an
+ * expert table) writes each row's products to `prt` ([rows, N], fp32) instead; the block that
+ * completes an output group last (`cnt`, one counter per token and group, zero between launches:
+ * that block sets it back) sums the k rows of its token in order j = 0..k-1, as moe_combine does,
+ * and adds the sum into y's row t, so the result does not depend on which block came last. */
+typedef struct g1_epi {
+    const float *norm; /* [K] or NULL */
+    const float *gate; /* [K] (one row) or NULL: the gated grouped norm, groups of `group` */
+    int group;         /* a multiple of the block's 256 threads (cu_matmul_ep checks) */
+    float eps;
+    int ep;
+    const char *cw; /* routing weights [T, k] F32 (combining) */
+    int64_t cws;    /* their row stride, bytes */
+    float *prt;     /* [rows, N] */
+    int *cnt;       /* [T, n_groups] */
+} g1_epi;
+
+/* Stores the RW outputs v of group grp of row r (those below N) through the epilogue. */
+template <int RW>
+__device__ __forceinline__ void g1_write(const g1_epi &e, bool combine, char *__restrict__ y,
+                                         int64_t ys, int r, int k, int64_t grp, int64_t n_groups,
+                                         int64_t N, const float *v) {
+    const int64_t n0 = grp * RW;
+    if (!combine) {
+        float *yr = (float *)(y + (int64_t)r * ys);
+#pragma unroll
+        for (int i = 0; i < RW; i++) {
+            if (n0 + i >= N) break;
+            if (e.ep == CN_EP_RELU2) {
+                const float q = v[i] > 0.0f ? v[i] : 0.0f;
+                yr[n0 + i] = q * q;
+            } else if (e.ep == CN_EP_ACC) {
+                yr[n0 + i] += v[i];
+            } else {
+                yr[n0 + i] = v[i];
+            }
+        }
+        return;
+    }
+    float *pr = e.prt + (int64_t)r * N;
+#pragma unroll
+    for (int i = 0; i < RW; i++)
+        if (n0 + i < N) pr[n0 + i] = v[i];
+    __threadfence(); /* the products are visible before the count says so */
+    const int t = r / k;
+    int *cp = e.cnt + (int64_t)t * n_groups + grp;
+    if (atomicAdd(cp, 1) != k - 1) return;
+    __threadfence();
+    const float *wr = (const float *)(e.cw + (int64_t)t * e.cws);
+    float *yr = (float *)(y + (int64_t)t * ys);
+#pragma unroll
+    for (int i = 0; i < RW; i++) {
+        if (n0 + i >= N) break;
+        float a = 0.0f;
+        for (int j = 0; j < k; j++) a += wr[j] * __ldcg(e.prt + (int64_t)(t * k + j) * N + n0 + i);
+        yr[n0 + i] += a;
+    }
+    *cp = 0; /* every row of the token has arrived: ready for the next launch */
+}
+
 /* y[r][n] = w.scale * dot(W_r[n], x_r) for blockIdx.y = r: dense (table NULL, one row) or the
  * gathered rows of a decode token (W_r = table[ids[r]], rows <= MM_GATHER_GEMV_ROWS; every block
  * checks all ids first and on a bad one block (0,0) sets *flag and nothing is written). */
@@ -225,7 +289,8 @@ template <int DT>
 __global__ void __launch_bounds__(256, 2)
     k_gemv1(cu_wexp dense, const cu_wexp *__restrict__ table, int n_w, const char *__restrict__ ids,
             int64_t ids_s, int k, const char *__restrict__ x, int64_t xs, int x_per_token,
-            char *__restrict__ y, int64_t ys, int64_t K, int64_t N, int S, int rows, int *flag) {
+            char *__restrict__ y, int64_t ys, int64_t K, int64_t N, int S, int rows, int *flag,
+            g1_epi epi) {
     constexpr int V = mm_g1<DT>::V, Q = mm_g1<DT>::Q, U = mm_g1<DT>::U, RW = MM_G1_RW;
     /* BS: block-scaled; BQ: float4s of a chunk per block scale (NVFP4 4, MXFP8 the whole chunk) */
     constexpr bool BS = DT == CN_NVFP4 || DT == CN_MXFP8;
@@ -251,15 +316,58 @@ __global__ void __launch_bounds__(256, 2)
     }
     const float *xr = (const float *)(x + xrow * xs);
     float *xsm = (float *)g1_x;
-    for (int64_t i = tid; i < K; i += blockDim.x) { /* float4 f at f ^ ((f / 8) mod Q) */
-        const int64_t f = i >> 2;
-        xsm[((f ^ ((f >> 3) & (Q - 1))) << 2) | (i & 3)] = xr[i];
+    double ss = 0.0;
+    if (epi.gate) { /* g = x silu(z) per 256 columns, each a warp sum in gws, one group's */
+        __shared__ double gws[MM_G1_MAXK / 256][8];
+        __shared__ float ginv[MM_G1_MAXK / 256];
+        for (int64_t i = tid, j = 0; i < K; i += blockDim.x, j++) {
+            const int64_t f = i >> 2;
+            const float zv = epi.gate[i];
+            const float v = xr[i] * (zv / (1.0f + expf(-zv)));
+            xsm[((f ^ ((f >> 3) & (Q - 1))) << 2) | (i & 3)] = v;
+            double p = (double)v * v;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1) p += __shfl_xor_sync(0xffffffffu, p, o);
+            if ((tid & 31) == 0) gws[j][tid >> 5] = p;
+        }
+        __syncthreads();
+        const int per = epi.group / 256;
+        if (tid < (int)(K / epi.group)) { /* group sums in a fixed order: replays are exact */
+            double sg = 0.0;
+            for (int j = tid * per; j < (tid + 1) * per; j++)
+                for (int wi = 0; wi < 8; wi++) sg += gws[j][wi];
+            ginv[tid] = (float)(1.0 / sqrt(sg / (double)epi.group + epi.eps));
+        }
+        __syncthreads();
+        for (int64_t i = tid; i < K; i += blockDim.x) {
+            const int64_t f = i >> 2, at = ((f ^ ((f >> 3) & (Q - 1))) << 2) | (i & 3);
+            xsm[at] = epi.norm[i] * (xsm[at] * ginv[i / epi.group]);
+        }
+    } else { /* the plain norm: norm * x staged, its one scale per row applied to each output */
+        for (int64_t i = tid; i < K; i += blockDim.x) { /* float4 f at f ^ ((f / 8) mod Q) */
+            const int64_t f = i >> 2;
+            const float v = xr[i];
+            xsm[((f ^ ((f >> 3) & (Q - 1))) << 2) | (i & 3)] = epi.norm ? epi.norm[i] * v : v;
+            ss += (double)v * v;
+        }
+    }
+    __shared__ double ssw[8];
+    if (epi.norm && !epi.gate) { /* the sum of squares waits for the sync the staging needs */
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        if ((tid & 31) == 0) ssw[tid >> 5] = ss;
     }
     if (DT == CN_NVFP4 && tid < 16) lut[tid] = cu_e2m1((unsigned)tid);
     __syncthreads();
+    float rs = 1.0f; /* the row's norm scale, 1 without (x * 1.0f is exact) */
+    if (epi.norm && !epi.gate) {
+        double t = 0.0;
+        for (int i = 0; i < 8; i++) t += ssw[i];
+        rs = (float)(1.0 / sqrt(t / (double)K + epi.eps));
+    }
     const int warp = tid >> 5, lane = tid & 31, G = 8 / S, g = warp / S, s = warp - g * S;
     const int64_t n_groups = (N + RW - 1) / RW, nu = K / V, step = (int64_t)S * 32;
-    float *yr = (float *)(y + (int64_t)r * ys);
+    const bool combine = table && epi.ep == CN_EP_ACC;
     for (int64_t base = (int64_t)blockIdx.x * G; base < n_groups; base += (int64_t)gridDim.x * G) {
         const int64_t grp = base + g;
         float acc[RW];
@@ -329,19 +437,26 @@ __global__ void __launch_bounds__(256, 2)
 #pragma unroll
         for (int i = 0; i < RW; i++) acc[i] = cu_warp_sum(acc[i]);
         if (S == 1) {
-            if (lane == 0 && grp < n_groups)
+            if (lane == 0 && grp < n_groups) {
+                float v[RW];
 #pragma unroll
-                for (int i = 0; i < RW; i++)
-                    if (grp * RW + i < N) yr[grp * RW + i] = acc[i] * w.scale;
+                for (int i = 0; i < RW; i++) v[i] = acc[i] * rs * w.scale;
+                g1_write<RW>(epi, combine, y, ys, r, k, grp, n_groups, N, v);
+            }
         } else {
             if (lane == 0)
 #pragma unroll
                 for (int i = 0; i < RW; i++) part[warp][i] = acc[i];
             __syncthreads();
-            if (s == 0 && lane < RW && grp < n_groups && grp * RW + lane < N) {
-                float sum = part[warp][lane];
-                for (int j = 1; j < S; j++) sum += part[warp + j][lane];
-                yr[grp * RW + lane] = sum * w.scale;
+            if (s == 0 && lane == 0 && grp < n_groups) {
+                float v[RW];
+#pragma unroll
+                for (int i = 0; i < RW; i++) {
+                    float sum = part[warp][i];
+                    for (int j = 1; j < S; j++) sum += part[warp + j][i];
+                    v[i] = sum * rs * w.scale;
+                }
+                g1_write<RW>(epi, combine, y, ys, r, k, grp, n_groups, N, v);
             }
             __syncthreads();
         }
@@ -352,7 +467,7 @@ __global__ void __launch_bounds__(256, 2)
 template <int DT>
 static void launch_gemv1(cu_ctx *c, const cu_wexp &dense, const cu_wexp *table, int n_w,
                          const cn_tensor *ids, int k, const cn_tensor *x, int x_per_token,
-                         cn_tensor *y, int64_t K, int64_t N, int rows) {
+                         cn_tensor *y, int64_t K, int64_t N, int rows, const g1_epi &epi) {
     const int64_t n_groups = (N + MM_G1_RW - 1) / MM_G1_RW, want = (int64_t)c->n_sm * 32;
     int S = 1;
     while (S < 8 && rows * n_groups * S < want) S *= 2;
@@ -363,7 +478,7 @@ static void launch_gemv1(cu_ctx *c, const cu_wexp &dense, const cu_wexp *table, 
     k_gemv1<DT><<<grid, 256, (size_t)K * sizeof(float), c->stream>>>(
         dense, table, n_w, ids ? (const char *)ids->data : NULL, ids ? ids->stride[0] : 0, k,
         (const char *)x->data, x->stride[0], x_per_token, (char *)y->data, y->stride[0], K, N, S,
-        rows, c->flag_dev);
+        rows, c->flag_dev, epi);
 }
 
 /* Whether a weight's rows can be read 16 bytes at a time. */
@@ -544,7 +659,9 @@ int cu_matmul(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor *
         const cu_wexp we = mm_wexp(w);
         const bool vec = mm_can_vec(w->dtype, w->data, w->stride[0], K);
         if (T == 1 && vec && K <= MM_G1_MAXK) {
-            CU_DISPATCH_WQ(w->dtype, (launch_gemv1<DT>(c, we, NULL, 0, NULL, 1, x, 0, y, K, N, 1)));
+            const g1_epi plain = {NULL, NULL, 0, 0.0f, 0, NULL, 0, NULL, NULL};
+            CU_DISPATCH_WQ(w->dtype,
+                           (launch_gemv1<DT>(c, we, NULL, 0, NULL, 1, x, 0, y, K, N, 1, plain)));
             return cu_launch_check("matmul (gemv1)");
         }
         if (vec) {
@@ -732,8 +849,9 @@ int cu_matmul_gather(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, int
         const dim3 grid((unsigned)((N + 7) / 8), (unsigned)rows);
         if (vec && K <= MM_G1_MAXK) {
             const cu_wexp none = {NULL, 0, 1.0f, NULL, 0};
+            const g1_epi plain = {NULL, NULL, 0, 0.0f, 0, NULL, 0, NULL, NULL};
             CU_DISPATCH_WQ(dt, (launch_gemv1<DT>(c, none, table, n_w, ids, (int)k, x,
-                                                 x->shape[0] == T, y, K, N, (int)rows)));
+                                                 x->shape[0] == T, y, K, N, (int)rows, plain)));
         } else if (vec) {
             CU_DISPATCH_WQ(dt, (k_gather_gemv<DT, true><<<grid, 256, 0, c->stream>>>(
                                   table, n_w, (const char *)ids->data, ids->stride[0], (int)k,
@@ -781,6 +899,64 @@ int cu_matmul_gather(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, int
     a.x_per_token = x->shape[0] == T;
     CU_DISPATCH_WQ(dt, rc = launch_tiled<DT>(c, a, tm, (unsigned)max_tiles));
     if (rc) return rc;
+    int flag = 0;
+    if ((rc = cu_flag_read(c, &flag))) return rc;
+    return flag ? CN_EINVAL : CN_OK;
+}
+
+/* ---------------------------------------------------------------- fused epilogues */
+
+/* matmul_ep (backend.h): the one-row GEMV with its epilogue; other shapes are refused
+ * (CN_EUNSUPPORTED, nothing queued) and the caller runs the plain ops. */
+int cu_matmul_ep(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor *x,
+                 const cn_mm_ep *f) {
+    cu_ctx *c = cu_ctx_of(b);
+    const int64_t T = x->shape[0], K = x->shape[1], N = w->shape[0];
+    if (T != 1 || K > MM_G1_MAXK || !mm_can_vec(w->dtype, w->data, w->stride[0], K))
+        return CN_EUNSUPPORTED;
+    if (f->gate && (K % 256 || f->group % 256)) return CN_EUNSUPPORTED; /* k_gemv1's staging */
+    if (N == 0) return CN_OK;
+    const cu_wexp we = mm_wexp(w);
+    const g1_epi epi = {f->norm ? (const float *)f->norm->data : NULL,
+                        f->gate ? (const float *)f->gate->data : NULL, f->group, f->eps, f->ep,
+                        NULL, 0, NULL, NULL};
+    CU_DISPATCH_WQ(w->dtype, (launch_gemv1<DT>(c, we, NULL, 0, NULL, 1, x, 0, y, K, N, 1, epi)));
+    return cu_launch_check("matmul_ep (gemv1)");
+}
+
+/* matmul_gather_ep (backend.h): a decode token's experts in one GEMV launch with the epilogue
+ * (combining through the scratch rows and the context's counters, g1_epi); other shapes are
+ * refused as above. */
+int cu_matmul_gather_ep(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, int n_w,
+                        const cn_tensor *x, const cn_tensor *ids, const cn_mm_ep *f) {
+    cu_ctx *c = cu_ctx_of(b);
+    const int64_t T = ids->shape[0], k = ids->shape[1], rows = T * k;
+    const int64_t K = x->shape[1], N = y->shape[1];
+    if (rows > MM_GATHER_GEMV_ROWS || K > MM_G1_MAXK || n_w > (1 << 20)) return CN_EUNSUPPORTED;
+    const cn_dtype dt = w[0]->dtype;
+    for (int e = 0; e < n_w; e++)
+        if (w[e]->dtype != dt || !mm_can_vec(dt, w[e]->data, w[e]->stride[0], K))
+            return CN_EUNSUPPORTED;
+    const int64_t n_groups = (N + MM_G1_RW - 1) / MM_G1_RW;
+    if (f->ep == CN_EP_ACC && T * n_groups > CU_EP_COUNTERS) return CN_EUNSUPPORTED;
+    if (rows == 0 || N == 0) return CN_OK;
+    int rc = CN_OK;
+    const cu_wexp *table = expert_table(c, w, n_w, &rc);
+    if (!table) return rc;
+    g1_epi epi = {f->norm ? (const float *)f->norm->data : NULL, NULL, 0, f->eps, f->ep, NULL, 0,
+                  NULL, NULL};
+    if (f->ep == CN_EP_ACC) {
+        epi.prt = (float *)cu_scratch(c, (size_t)(rows * N) * sizeof(float));
+        if (!epi.prt) return CN_ENOMEM;
+        epi.cw = (const char *)f->weights->data;
+        epi.cws = f->weights->stride[0];
+        epi.cnt = c->ep_cnt;
+    }
+    if ((rc = cu_flag_reset(c))) return rc;
+    const cu_wexp none = {NULL, 0, 1.0f, NULL, 0};
+    CU_DISPATCH_WQ(dt, (launch_gemv1<DT>(c, none, table, n_w, ids, (int)k, x, x->shape[0] == T, y,
+                                         K, N, (int)rows, epi)));
+    if ((rc = cu_launch_check("matmul_gather_ep (gemv1)"))) return rc;
     int flag = 0;
     if ((rc = cu_flag_read(c, &flag))) return rc;
     return flag ? CN_EINVAL : CN_OK;

@@ -37,6 +37,10 @@
  *      A slot replays (cudaGraphLaunch, no capture, no update) when key and tag match, the pos
  *      fits pos_max and `epoch` is unchanged since its capture: the epoch grows whenever device
  *      memory a graph may point to is freed or moved (scratch regrown, a tensor released).
+ *  (6) `ep_cnt` and `am_cnt` are zero between launches: a kernel that counts its blocks there
+ *      (the combining GEMV epilogue, argmax) has the last block merge the others' partials from
+ *      scratch in a fixed order and set its counter back to 0, so graphs replay them as they are
+ *      and results do not depend on which block finished last.
  */
 #ifndef CN_CUDA_IMPL_H
 #define CN_CUDA_IMPL_H
@@ -84,8 +88,11 @@ typedef struct cu_graph {
 } cu_graph;
 
 #define CU_GRAPH_SLOTS 4
+#define CU_EP_COUNTERS 65536 /* tokens x output groups a combining epilogue may count */
+#define CU_ARGMAX_ROWS 256   /* rows one argmax call takes (cuda_elementwise.cu) */
 
 typedef struct cu_ctx {
+    cn_backend_iface iface; /* the table this backend answers with (fused ops per `fused`) */
     int device;
     int n_sm;
     cudaStream_t stream;
@@ -114,6 +121,9 @@ typedef struct cu_ctx {
     void **retired;   /* device buffers to free once the step ran */
     int n_retired, cap_retired;
     cn_cuda_stats stats;
+    int fused;        /* offer the fused decode ops ($CAIRN_CUDA_FUSED=0 at create: not) */
+    int *ep_cnt;      /* [CU_EP_COUNTERS] zeroed, for combining epilogues (cuda_gemm.cu) */
+    int *am_cnt;      /* [CU_ARGMAX_ROWS] zeroed, blocks done per row of argmax */
     struct cu_copy *copy; /* the copy stream and its fences (cuda_copy.cu); made at first use */
 } cu_ctx;
 
@@ -270,6 +280,12 @@ int cu_mul(cn_backend *b, cn_tensor *y, const cn_tensor *a, const cn_tensor *c);
 int cu_silu(cn_backend *b, cn_tensor *y, const cn_tensor *x);
 int cu_relu2(cn_backend *b, cn_tensor *y, const cn_tensor *x);
 int cu_scale(cn_backend *b, cn_tensor *y, const cn_tensor *x, float s);
+int cu_argmax(cn_backend *b, cn_tensor *ids, const cn_tensor *x);
+/* Fused epilogues (cuda_gemm.cu): the decode GEMV's shapes only, else CN_EUNSUPPORTED. */
+int cu_matmul_ep(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor *x,
+                 const cn_mm_ep *f);
+int cu_matmul_gather_ep(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, int n_w,
+                        const cn_tensor *x, const cn_tensor *ids, const cn_mm_ep *f);
 /* The measure hook (cuda_probe.cu). */
 int cu_measure(cn_backend *b, int what, cn_backend_limits *out);
 /* Snapshot buffers and the copy stream (cuda_copy.cu; backend.h), and their teardown at free. */
