@@ -293,15 +293,31 @@ static int mlp_mixer(cn_model *m, const cn_mlp_w *w, cn_tensor *out, const cn_te
     return cn_op_matmul(m->b, out, &w->down, &h);
 }
 
-/* h = h + MIXER(RMSNorm(h)) for every layer of a stack, over T tokens at `offset`. */
+/* 1 for a layer that keeps state per token (a KV cache or a recurrent state). */
+static int keeps_state(cn_block t) { return t == CN_BLOCK_MAMBA || cn_block_is_attn(t); }
+
+/* h = h + MIXER(RMSNorm(h)) for every layer of a stack, over T tokens at `offset`. Only rows
+ * [need_from, T) need the stack's output: the others are there for the state they leave, so the
+ * layers after the last one that keeps state (MoE, MLP: row-wise) skip them. Rows below
+ * need_from then hold junk in x; each row computed is what it would be without the skip (every
+ * op is row-wise there). */
 static int run_layers(cn_model *m, const cn_layer_w *layers, cn_state *st, int offset, int T,
-                      const segment *seg, int n_seg, cn_rsnap *caps) {
+                      const segment *seg, int n_seg, cn_rsnap *caps, int need_from) {
     cn_backend *b = m->b;
     cn_tensor x = rows(&m->s.x, T), xn = rows(&m->s.xn, T), out = rows(&m->s.out, T);
-    int mamba_idx = 0, swa_idx = 0;
+    int mamba_idx = 0, swa_idx = 0, last_state = -1;
+    for (int l = 0; l < st->n_layers; l++)
+        if (keeps_state(layers[l].type)) last_state = l;
     for (int l = 0; l < st->n_layers; l++) {
         const cn_layer_w *w = &layers[l];
         cn_layer_state *ls = &st->layers[l];
+        if (l == last_state + 1 && need_from > 0) { /* the row-wise tail: needed rows only */
+            if (need_from >= T) break;
+            T -= need_from;
+            x = cn_tensor_rows(&m->s.x, need_from, T);
+            xn = rows(&m->s.xn, T);
+            out = rows(&m->s.out, T);
+        }
         CHECK(cn_op_rmsnorm(b, &xn, &x, &w->norm, m->cfg.norm_eps));  /* pre-mixer norm */
         switch (w->type) {
         case CN_BLOCK_MAMBA:
@@ -371,7 +387,7 @@ static int decode_step(cn_model *m, cn_state *st, int offset, const segment *seg
     if (rc < 0) return rc;
     if (rc == 0) {
         rc = cn_op_get_rows(b, &x, &m->w.embed, &ids);                    /* h = embed[tok] */
-        if (!rc) rc = run_layers(m, m->w.layers, st, offset, 1, seg, n_seg, caps);
+        if (!rc) rc = run_layers(m, m->w.layers, st, offset, 1, seg, n_seg, caps, 0);
         if (!rc) rc = cn_op_rmsnorm(b, &xn, &x, &m->w.norm_f, m->cfg.norm_eps);
         if (!rc && logits) rc = cn_op_matmul(b, &lg, &m->w.lm_head, &xn);
     } else {
@@ -468,8 +484,10 @@ int cn_model_forward(cn_model *m, cn_state *st, cn_batch *bt) {
             done += T;
             continue;
         }
+        /* rows whose output is read: every one, the batch's last, or none of this piece */
+        int need_from = bt->all_logits || (bt->all_hidden && bt->hidden) ? 0 : done + T == bt->n ? T - 1 : T;
         if ((rc = cn_op_get_rows(b, &x, &m->w.embed, &ids))) goto fail;   /* h = embed[tok] */
-        if ((rc = run_layers(m, m->w.layers, st, offset, T, seg, n_seg, bt->captures))) goto fail;
+        if ((rc = run_layers(m, m->w.layers, st, offset, T, seg, n_seg, bt->captures, need_from))) goto fail;
         if (bt->all_logits) {
             rc = head(m, &m->w.norm_f, 0, T, bt->logits ? bt->logits + (size_t)done * V : NULL,
                       bt->hidden ? bt->hidden + (size_t)done * H : NULL);
@@ -539,7 +557,9 @@ static int mtp_forward(cn_model *m, cn_state *st, const float *hidden, const int
         if (!rc && !replayed) rc = cn_op_rmsnorm(b, &ce, &e, &w->enorm, eps); /* enorm(e) first */
         if (!rc && !replayed) rc = cn_op_rmsnorm(b, &ch, &x, &w->hnorm, eps); /* then hnorm(h) */
         if (!rc && !replayed) rc = cn_op_matmul(b, &x, &w->eh_proj, &cat);  /* eh_proj */
-        if (!rc && !replayed) rc = run_layers(m, w->layers, st, st->offset, T, seg, 1, NULL);
+        /* last_only: the other rows are forwarded for their KV rows alone */
+        const int need_from = !last_only ? 0 : last ? T - 1 : T;
+        if (!rc && !replayed) rc = run_layers(m, w->layers, st, st->offset, T, seg, 1, NULL, need_from);
         if (step) {
             cn_tensor xn = rows(&m->s.xn, 1), lg = rows(&m->s.logits, 1);
             if (!rc && !replayed) rc = cn_op_rmsnorm(b, &xn, &x, &w->final_norm, eps);
