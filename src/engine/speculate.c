@@ -212,7 +212,7 @@ int cn_spec_round(cn_spec *sp, cn_state *live, cn_sampler *smp, int32_t cur, int
     cn_spec_close_pair(sp, cur);
     /* The flush's share for slots that plain steps queued is theirs (speculate.h: the controller) */
     int n_flush = known(sp), n_catchup = n_flush - sp->round_pend;
-    double t0 = cn_spec_now(sp);
+    double t0 = n_catchup > 0 ? cn_spec_now(sp) : 0; /* the clock may be a system call */
     if ((rc = cn_spec_flush(sp))) return rc;
     sp->ctl.catchup_n = n_catchup > 0 ? n_catchup : 0;
     sp->ctl.catchup_ms = n_catchup > 0 ? (cn_spec_now(sp) - t0) * n_catchup / n_flush : 0;
