@@ -14,7 +14,8 @@
  *
  * --json prints one object: draft_acceptance (drafts kept / proposed, forced run),
  * speculative_speedup (default ÷ plain decode tokens per second), forced_speedup, the per-position
- * acceptance, tokens_per_verify and the rates themselves.
+ * acceptance, tokens_per_verify, round_cost_steps (a depth-1 round in plain steps, as the default
+ * run's controller measured it: a round pays when it is below tokens_per_verify) and the rates.
  */
 #include <dirent.h>
 #include <stdio.h>
@@ -339,6 +340,10 @@ int cn_bench_speculate(int argc, char **argv) {
     /* CPU time is what the process itself spent: on a machine shared with other work it is the
      * steadier figure (same tokens in every run, so the ratio of times is the ratio of rates) */
     double cpu_speedup = st[1].cpu_s > 0 ? st[0].cpu_s / st[1].cpu_s : 0;
+    /* what the default run's controller measured (speculate.h): a round of depth 1 in plain
+     * steps, its catch-up of the head's work for plain steps left out; 0 until both are known */
+    const cn_spec_ctl *ctl = &eng[1]->spec->ctl;
+    double round_steps = ctl->plain_ms > 0 && ctl->has_extra ? (ctl->plain_ms + ctl->extra_ms) / ctl->plain_ms : 0;
     if (json) {
         printf("{\"prompts\":\"%s\",", source);
         if (chat_file) printf("\"chat\":\"%s\",", chat_file);
@@ -351,9 +356,9 @@ int cn_bench_speculate(int argc, char **argv) {
                    st[2].pos_proposed[j] ? (double)st[2].pos_accepted[j] / st[2].pos_proposed[j] : 0.0);
         printf("],\"tokens_per_verify\":%.3f,\"draft_proposed\":%ld,\"draft_accepted\":%ld,", per_verify,
                st[2].proposed, st[2].accepted);
-        printf("\"default_rounds\":%ld,\"speculative_speedup\":%.4f,\"forced_speedup\":%.4f,"
-               "\"speculative_speedup_cpu\":%.4f,\"identical\":%s}\n",
-               st[1].rounds, speedup, fspeedup, cpu_speedup, identical ? "true" : "false");
+        printf("\"default_rounds\":%ld,\"round_cost_steps\":%.3f,\"speculative_speedup\":%.4f,"
+               "\"forced_speedup\":%.4f,\"speculative_speedup_cpu\":%.4f,\"identical\":%s}\n",
+               st[1].rounds, round_steps, speedup, fspeedup, cpu_speedup, identical ? "true" : "false");
     } else {
         printf("model        %s (vocab %d, hidden %d)\n", made ? "tiny, made now" : model, c->vocab_size, c->hidden_size);
         if (n_chats)
@@ -365,6 +370,8 @@ int cn_bench_speculate(int argc, char **argv) {
         printf("speculative  %10.1f tokens/s  (controller: %ld verify rounds)  speedup %.3f\n", dflt, st[1].rounds,
                speedup);
         printf("forced d=%d   %10.1f tokens/s  speedup %.3f\n", depth, forced, fspeedup);
+        if (round_steps > 0)
+            printf("round        a depth-1 round costs %.2f plain steps (the controller's medians)\n", round_steps);
         printf("cpu time     speculative / plain: speedup %.3f (whole requests, process CPU time)\n", cpu_speedup);
         printf("acceptance   %.4f overall, per position:", acc);
         for (int j = 0; j < depth; j++)

@@ -205,10 +205,12 @@ static int decode_spec(dec *d) {
     int st = pick(e, d->r, d->smp, -1, &cur) ? end_here(d, &cur) : take(d, cur);
     if (st == GO) cn_sampler_accept(d->smp, cur);
     cn_spec_close_pair(sp, cur);
+    /* one clock read per step: a step's end is the next one's start (cn_spec_now may be a
+     * system call) */
+    double t0 = cn_spec_now(sp), t1;
     while (st == GO) {
         int budget = d->r->max_tokens - res->eval_count - 1; /* drafts that leave room for one more */
         int depth = speculate ? cn_spec_ctl_pick(&sp->ctl, budget) : 0;
-        double t0 = now_ms();
         if (depth == 0) {
             int at = e->live->offset;
             if ((d->rc = forward(e, d->sess, d->all, at, at + 1, 1, at + 1, NULL))) break;
@@ -216,7 +218,8 @@ static int decode_spec(dec *d) {
             st = pick(e, d->r, d->smp, -1, &cur) ? end_here(d, &cur) : take(d, cur);
             if (st == GO) cn_sampler_accept(d->smp, cur);
             cn_spec_close_pair(sp, cur);
-            cn_spec_ctl_plain(&sp->ctl, now_ms() - t0);
+            cn_spec_ctl_plain(&sp->ctl, (t1 = cn_spec_now(sp)) - t0);
+            t0 = t1;
             continue;
         }
         if ((d->rc = cn_spec_round(sp, e->live, d->smp, cur, depth))) break;
@@ -238,7 +241,8 @@ static int decode_spec(dec *d) {
             break;
         }
         cur = sp->out[keep];
-        cn_spec_ctl_round(&sp->ctl, depth, sp->n_acc, now_ms() - t0);
+        cn_spec_ctl_round(&sp->ctl, depth, sp->n_acc, (t1 = cn_spec_now(sp)) - t0);
+        t0 = t1;
     }
     return d->rc;
 }

@@ -9,6 +9,7 @@
 
 #include "base/error.h"
 #include "model/config.h"
+#include "tensor/backend.h"
 
 #define EWMA 0.2           /* weight of a new round in the acceptance estimates */
 #define ACC_PRIOR 0.6      /* acceptance assumed before any round: optimistic, so it is tried */
@@ -30,6 +31,7 @@ int cn_spec_open(cn_spec **out, cn_model *m, int max_ctx, int max_depth, int fix
     cn_spec *sp = calloc(1, sizeof *sp);
     if (!sp) return CN_ENOMEM;
     sp->m = m;
+    sp->cpu_clock = !cn_backend_has_device_memory(cn_model_backend(m));
     sp->H = c->hidden_size;
     sp->V = c->vocab_size;
     size_t H = (size_t)sp->H, V = (size_t)sp->V, D = CN_SPEC_MAX_DEPTH;
@@ -158,9 +160,9 @@ void cn_spec_close_pair(cn_spec *sp, int32_t next) {
 
 /* ---- the round ---------------------------------------------------------------------------------- */
 
-static double now_ms(void) {
+double cn_spec_now(const cn_spec *sp) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(sp->cpu_clock ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
 }
 
@@ -210,10 +212,10 @@ int cn_spec_round(cn_spec *sp, cn_state *live, cn_sampler *smp, int32_t cur, int
     cn_spec_close_pair(sp, cur);
     /* The flush's share for slots that plain steps queued is theirs (speculate.h: the controller) */
     int n_flush = known(sp), n_catchup = n_flush - sp->round_pend;
-    double t0 = now_ms();
+    double t0 = n_catchup > 0 ? cn_spec_now(sp) : 0; /* the clock may be a system call */
     if ((rc = cn_spec_flush(sp))) return rc;
     sp->ctl.catchup_n = n_catchup > 0 ? n_catchup : 0;
-    sp->ctl.catchup_ms = n_catchup > 0 ? (now_ms() - t0) * n_catchup / n_flush : 0;
+    sp->ctl.catchup_ms = n_catchup > 0 ? (cn_spec_now(sp) - t0) * n_catchup / n_flush : 0;
     if (sp->draft->offset != live->offset || sp->last_at != live->offset) return CN_EINVAL;
     if ((rc = propose(sp, smp, depth, greedy))) return rc;
     if ((rc = ensure_caps(sp, live, depth))) return rc;

@@ -75,7 +75,13 @@ typedef int (*cn_spec_test_oracle_fn)(void *ctx, int position, int depth, int32_
  * hundreds of steps. A median ignores the outliers while following a lasting change of load.
  * Why the head's cost per slot: plain steps queue their draft slots and a later round flushes
  * them (the catch-up); that work is the plain steps' (plain decoding with a drafter pays it
- * anyway), so it is taken out of the round's cost and added to the plain step's. */
+ * anyway), so it is taken out of the round's cost and added to the plain step's.
+ * Which clock: on a backend that computes in host memory, the calling thread's CPU time
+ * (cn_spec_now): a step that was preempted took the same work, and on a machine shared with
+ * other jobs wall-clock observations of a millisecond-long step are mostly the scheduler's (a
+ * quantum lands in one observation in a few and the window fills with them); the thread's CPU
+ * time still counts its own spinning while workers finish. A device backend is timed by the
+ * wall clock: the host may sleep while the device works. */
 #define CN_SPEC_CTL_WIN 15
 
 typedef struct cn_spec_obs {
@@ -133,6 +139,7 @@ typedef struct cn_spec {
     int32_t out[CN_SPEC_MAX_DEPTH + 1];
     int n_out, n_acc;
     cn_spec_ctl ctl;
+    int cpu_clock;                      /* 1: costs in the thread's CPU time (cn_spec_now) */
     cn_spec_test_oracle_fn oracle;      /* test builds only: see cn_spec_test_oracle_fn */
     void *oracle_ctx;
 } cn_spec;
@@ -163,6 +170,9 @@ int cn_spec_flush(cn_spec *sp);
 int cn_spec_round(cn_spec *sp, cn_state *live, cn_sampler *smp, int32_t cur, int depth);
 /* VERIFIED -> LEVEL, keeping out[0..keep] (keep < n_out). */
 int cn_spec_commit(cn_spec *sp, cn_state *live, int keep);
+
+/* Now in ms on the clock the controller's costs are measured with (see the controller). */
+double cn_spec_now(const cn_spec *sp);
 
 /* The controller: the depth for the next step given that at most budget drafts fit (0: a plain
  * step), then what it cost. */

@@ -397,19 +397,34 @@ static int mlp_mixer(cn_model *m, const cn_mlp_w *w, cn_tensor *out, int acc, mi
     return matmul_out(m, acc, out, &w->down, &h);
 }
 
+/* 1 for a layer that keeps state per token (a KV cache or a recurrent state). */
+static int keeps_state(cn_block t) { return t == CN_BLOCK_MAMBA || cn_block_is_attn(t); }
+
 /* h = h + MIXER(RMSNorm(h)) for every layer of a stack, over T tokens at `offset`. A one-token
  * piece on a backend that fuses lets the mixers normalise h in their first products and add into
- * h from their last (acc; mix_in). */
+ * h from their last (acc; mix_in). Only rows [need_from, T) need the stack's output: the others
+ * are there for the state they leave, so the layers after the last one that keeps state (MoE,
+ * MLP: row-wise) skip them. Rows below need_from then hold junk in x; each row computed is what
+ * it would be without the skip (every op is row-wise there). */
 static int run_layers(cn_model *m, const cn_layer_w *layers, cn_state *st, int offset, int T,
-                      const segment *seg, int n_seg, cn_rsnap *caps) {
+                      const segment *seg, int n_seg, cn_rsnap *caps, int need_from) {
     cn_backend *b = m->b;
     cn_tensor x = rows(&m->s.x, T), xn = rows(&m->s.xn, T), out = rows(&m->s.out, T);
     const int acc = T == 1 && cn_backend_has_matmul_ep(b);
     cn_tensor *dst = acc ? &x : &out;
-    int mamba_idx = 0, swa_idx = 0;
+    int mamba_idx = 0, swa_idx = 0, last_state = -1;
+    for (int l = 0; l < st->n_layers; l++)
+        if (keeps_state(layers[l].type)) last_state = l;
     for (int l = 0; l < st->n_layers; l++) {
         const cn_layer_w *w = &layers[l];
         cn_layer_state *ls = &st->layers[l];
+        if (l == last_state + 1 && need_from > 0) { /* the row-wise tail: needed rows only */
+            if (need_from >= T) break;
+            T -= need_from;
+            x = cn_tensor_rows(&m->s.x, need_from, T);
+            xn = rows(&m->s.xn, T);
+            out = rows(&m->s.out, T);
+        }
         mix_in in = {.h = &xn, .xn = &xn, .normed = 1};
         if (acc) in = (mix_in){.h = &x, .norm = &w->norm, .xn = &xn, .fuse = 1};
         else CHECK(cn_op_rmsnorm(b, &xn, &x, &w->norm, m->cfg.norm_eps)); /* pre-mixer norm */
@@ -529,7 +544,7 @@ static int decode_step(cn_model *m, cn_state *st, int offset, const segment *seg
     if (rc < 0) return rc;
     if (rc == 0) {
         rc = cn_op_get_rows(b, &x, &m->w.embed, &ids);                    /* h = embed[tok] */
-        if (!rc) rc = run_layers(m, m->w.layers, st, offset, 1, seg, n_seg, caps);
+        if (!rc) rc = run_layers(m, m->w.layers, st, offset, 1, seg, n_seg, caps, 0);
         /* norm_f inside the lm_head's product where the backend fuses it (hidden needs xn) */
         int head_done = 0;
         if (!rc && !hidden && (logits || pick) && cn_backend_has_matmul_ep(b)) {
@@ -644,14 +659,16 @@ int cn_model_forward(cn_model *m, cn_state *st, cn_batch *bt) {
             done += T;
             continue;
         }
+        /* rows whose output is read: every one, the batch's last, or none of this piece */
+        const int last = done + T == bt->n;
+        int need_from = bt->all_logits || (bt->all_hidden && bt->hidden) ? 0 : last ? T - 1 : T;
+        int32_t *pk = last ? bt->argmax : NULL;
         /* the piece's layers as one step that is never recorded: no op waits for the device
          * inside it (the tokens were checked above, the routes come from moe_route) */
         if ((rc = cn_backend_step_begin(b, STEP_PREFILL | CN_STEP_EAGER))) goto fail;
         rc = cn_op_get_rows(b, &x, &m->w.embed, &ids);                      /* h = embed[tok] */
-        if (!rc) rc = run_layers(m, m->w.layers, st, offset, T, seg, n_seg, bt->captures);
+        if (!rc) rc = run_layers(m, m->w.layers, st, offset, T, seg, n_seg, bt->captures, need_from);
         if ((rc = step_finish(b, rc))) goto fail;
-        const int last = done + T == bt->n;
-        int32_t *pk = last ? bt->argmax : NULL;
         if (bt->all_logits) {
             rc = head(m, &m->w.norm_f, 0, T, bt->logits ? bt->logits + (size_t)done * V : NULL,
                       bt->hidden ? bt->hidden + (size_t)done * H : NULL, pk);
@@ -728,7 +745,9 @@ static int mtp_forward(cn_model *m, cn_state *st, const float *hidden, const int
         if (!rc && !replayed) rc = cn_op_rmsnorm(b, &ce, &e, &w->enorm, eps); /* enorm(e) first */
         if (!rc && !replayed) rc = cn_op_rmsnorm(b, &ch, &x, &w->hnorm, eps); /* then hnorm(h) */
         if (!rc && !replayed) rc = cn_op_matmul(b, &x, &w->eh_proj, &cat);  /* eh_proj */
-        if (!rc && !replayed) rc = run_layers(m, w->layers, st, st->offset, T, seg, 1, NULL);
+        /* last_only: the other rows are forwarded for their KV rows alone */
+        const int need_from = !last_only ? 0 : last ? T - 1 : T;
+        if (!rc && !replayed) rc = run_layers(m, w->layers, st, st->offset, T, seg, 1, NULL, need_from);
         if (step) {
             cn_tensor xn = rows(&m->s.xn, 1), lg = rows(&m->s.logits, 1);
             if (!rc && !replayed) rc = cn_op_rmsnorm(b, &xn, &x, &w->final_norm, eps);

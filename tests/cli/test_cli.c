@@ -224,6 +224,8 @@ static void test_generate_speculate(void **st) {
     assert_true(cJSON_IsNumber(cJSON_GetObjectItem(j, "speculative_speedup")));
     assert_true(cJSON_IsArray(cJSON_GetObjectItem(j, "acceptance_per_position")));
     assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "identical")));
+    cJSON *rs = cJSON_GetObjectItem(j, "round_cost_steps");
+    assert_true(cJSON_IsNumber(rs) && rs->valuedouble >= 0);
     assert_string_equal(cJSON_GetStringValue(cJSON_GetObjectItem(j, "prompts")), "random"); /* no tokenizer */
     cJSON_Delete(j);
     free(o);
