@@ -7,8 +7,8 @@
  *             kept BF16, weighted by parameters; FP8, MXFP8: fp32 FMA), every thread. A backend with
  *             its own device (cn_backend_measure: CUDA) gives its BF16 GEMM peak instead, its
  *             memory bandwidth for every probe below, and the pinned host link each way.
- *   warm-up   a forward of min(U, --prompt-short) and one of min(U, --prompt) tokens, U =
- *             max(256, --ubatch), and a few decodes (touches the weights and every chunk shape:
+ *   warm-up   a forward of min(U, --prompt-short) and one of min(U, --prompt) tokens, U the
+ *             model's forward piece (--ubatch or the backend's default), and a few decodes (touches the weights and every chunk shape:
  *             page-table setup, lazily loaded GPU kernels and scratch growth never land in a
  *             timed run), not reported.
  *   prefill512, prefill (2048)
@@ -647,9 +647,9 @@ int cn_bench_model(int argc, char **argv) {
             format, cfg->n_layers, cfg->layers, n_threads);
 
     /* 5. warm-up, then the four timed runs */
-    /* a first chunk of each timed prefill's size: on a GPU the first use of a shape loads its
+    /* a first piece of each timed prefill's size: on a GPU the first use of a shape loads its
      * kernels and grows the device scratch, which must not land in a timed run */
-    const int wu = ubatch > 256 ? ubatch : 256;
+    const int wu = cn_model_ubatch(B.m);
     const int warm[2] = {prompt_short < wu ? prompt_short : wu, prompt < wu ? prompt : wu};
     rc = 0;
     for (int i = 0; i < 2 && !rc; i++) {

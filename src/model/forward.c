@@ -155,6 +155,7 @@ void cn_model_close(cn_model *m) {
 const cn_config *cn_model_config(const cn_model *m) { return &m->cfg; }
 cn_backend *cn_model_backend(const cn_model *m) { return m->b; }
 int cn_model_has_mtp(const cn_model *m) { return m->w.has_mtp; }
+int cn_model_ubatch(const cn_model *m) { return m->s.ubatch; }
 uint64_t cn_model_identity(const cn_model *m) { return m->identity; }
 
 /* ---- mixers ---------------------------------------------------------------------------------- */

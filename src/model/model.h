@@ -108,6 +108,9 @@ const cn_config *cn_model_config(const cn_model *m);
 cn_backend *cn_model_backend(const cn_model *m);
 /* 1 if the checkpoint has an MTP head. */
 int cn_model_has_mtp(const cn_model *m);
+/* Tokens per internal forward piece, as resolved at open (cn_model_opts.ubatch or the backend's
+ * default). */
+int cn_model_ubatch(const cn_model *m);
 /* The checkpoint's identity: xxh64 of config.json and of every tensor's name, dtype, shape and
  * first and last 64 bytes (identity.c), computed once at open. Cached state carries it so that it
  * is never loaded into another model, including another seed of the same preset. */

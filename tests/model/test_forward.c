@@ -485,8 +485,16 @@ static void test_mtp(void **st) {
     assert_int_equal(cn_model_mtp_forward(f.m, m2, hidden, g.prompt + 1, n - 1, lg, hid), 0);
     assert_int_equal(cn_model_mtp_forward_last(f.m, m3, hidden, g.prompt + 1, n - 1, ll, hl), 0);
     assert_int_equal(m3->offset, n - 1);
-    assert_memory_equal(ll, lg + (size_t)(n - 2) * f.V, (size_t)f.V * sizeof *ll);
-    assert_memory_equal(hl, hid + (size_t)(n - 2) * f.H, (size_t)f.H * sizeof *hl);
+    /* the flush runs its row-wise tail on the last row alone: the CPU's one-row products equal
+     * their row of a multi-row product bit for bit; a GPU's one-row GEMV and its tensor-core
+     * tiles round differently (same math, different cut points) */
+    if (strcmp(cn_backend_default_name(), "cpu") == 0) {
+        assert_memory_equal(ll, lg + (size_t)(n - 2) * f.V, (size_t)f.V * sizeof *ll);
+        assert_memory_equal(hl, hid + (size_t)(n - 2) * f.H, (size_t)f.H * sizeof *hl);
+    } else {
+        assert_true(tu_rel_err(ll, lg + (size_t)(n - 2) * f.V, (size_t)f.V) < SELF_TOL);
+        assert_true(tu_rel_err(hl, hid + (size_t)(n - 2) * f.H, (size_t)f.H) < SELF_TOL);
+    }
     cn_state_free(m2);
     cn_state_free(m3);
     free(hid);
