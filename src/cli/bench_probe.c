@@ -171,7 +171,7 @@ enum {
     MODE_BF16_TILE512, MODE_NVFP4_TILE512
 };
 /* Ops (a multiply-add counts 2) one iteration of each mode does: NACC instructions of ..., or
- * one step of a CPU matmul tile (4 x rows by 4 weight rows, cpu_kernels.c / cpu_quant.c) */
+ * one step of a CPU matmul tile (cpu_kernels.c: 4 x rows by 4 weight rows; cpu_quant.c: 4 by 2) */
 static const double ops_per_iter[] = {
     NACC * 2.0,        /* scalar fmaf (the compiler may vectorize it: then it is a floor) */
     NACC * 8 * 2.0,    /* vfmadd ymm: 8 lanes */
@@ -179,13 +179,13 @@ static const double ops_per_iter[] = {
     NACC * 32 * 2.0,   /* vpmaddubsw + vpmaddwd + vpaddd ymm: 32 u8 x s8 products */
     NACC * 64 * 2.0,   /* vpdpbusd zmm: 64 u8 x s8 products */
     16 * 16 * 2.0,     /* 16 columns of 4 x 4 outputs */
-    16 * 128 * 2.0,    /* 128 columns of 4 x 4 outputs */
+    8 * 256 * 2.0,     /* 256 columns of 4 x 2 outputs */
 };
 static const char *const mode_name[] = {
     "scalar fp32 multiply-add", "avx2 fp32 vfmadd (ymm)", "avx512 fp32 vfmadd (zmm)",
     "avx2 int8 vpmaddubsw+vpmaddwd (ymm)", "avx512 int8 vpdpbusd (zmm)",
     "avx512 bf16 tile: 4 bf16 widenings (vpmovzxwd+vpslld) per 16 vfmadd (zmm)",
-    "avx512 nvfp4 tile: 4 x (load, shift, 2 vpermb, scale permute) per 16 x (2 vpdpbusd, vcvtdq2ps, vmulps, vfmadd) (zmm)",
+    "avx512 nvfp4 tile: 2 x (2 loads, 2 vpermt2d, 2 shifts, 4 vpermb, 16 scales) per 8 x (4 vpdpbusd, vcvtdq2ps, vmulps, vfmadd) (zmm)",
 };
 
 static float fma_scalar(long iters) {
@@ -317,68 +317,79 @@ __attribute__((target("avx512f,avx512bw"))) static float bf16_tile512(long iters
     return v[0] + v[15];
 }
 
-/* One 128-value chunk of cpu_quant.c's NVFP4 prefill tile (a5_nvfp4_chunk, 4 weight rows x 4
- * tokens): per weight row a 64-byte load, a shift, two vpermb and a scale permute; per token two
- * activation loads and a scale load; per (token, row) a correction load, two vpdpbusd, a convert,
- * a multiply and an FMA. Operands stay in L1, so this is the tile's arithmetic ceiling. */
+/* One 256-value superchunk of cpu_quant.c's NVFP4 prefill tile (a5_nvfp4_super, 2 weight rows x
+ * 4 tokens): per weight row two 64-byte loads, two dword permutes, two shifts, four vpermb and
+ * the 16 block scales' conversion (byte load, widen, shift, mask, vcvtph2ps); per token four
+ * activation loads, a scale load and a correction load; per (token, row) four vpdpbusd, a
+ * convert, a multiply and an FMA. Operands stay in L1, so this is the tile's arithmetic ceiling. */
 __attribute__((target("avx512f,avx512bw,avx512vnni,avx512vbmi"))) static float nvfp4_tile512(long iters) {
-    uint8_t w[4 * 64];
-    int8_t q[4 * 128];
+    uint8_t w[2 * 128], s[2 * 16];
+    int8_t q[4 * 256];
     int32_t c[4 * 16];
-    float d[4 * 16], sf[4 * 16];
+    float d[4 * 16];
     for (int i = 0; i < 256; i++) w[i] = (uint8_t)(0x21 + i);
-    for (int i = 0; i < 512; i++) q[i] = (int8_t)(i % 7 - 3);
+    for (int i = 0; i < 32; i++) s[i] = (uint8_t)(0x30 + i % 5);
+    for (int i = 0; i < 1024; i++) q[i] = (int8_t)(i % 7 - 3);
     for (int i = 0; i < 64; i++) {
         c[i] = -12;
         d[i] = 1e-6f;
-        sf[i] = 0.5f;
     }
-    const uint8_t *wp = w;
+    const uint8_t *wp = w, *sp = s;
     const int8_t *qp = q;
     const int32_t *cp = c;
     const float *dp = d;
     const __m512i lut = _mm512_broadcast_i32x4(
         _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-    const __m512i sidx = _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7);
-    __m512 sv[4];
-#pragma GCC unroll 4
-    for (int j = 0; j < 4; j++) sv[j] = _mm512_loadu_ps(sf + 16 * j);
-    __m512 acc[4][4];
+    const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    __m512 acc[4][2];
 #pragma GCC unroll 4
     for (int r = 0; r < 4; r++)
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
+#pragma GCC unroll 2
+        for (int j = 0; j < 2; j++) acc[r][j] = _mm512_setzero_ps();
     for (long i = 0; i < iters; i++) {
-        __asm__ volatile("" : "+r"(wp), "+r"(qp), "+r"(cp), "+r"(dp));
-        __m512i lo[4], hi[4];
-        __m512 ws[4];
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) { /* a5_fp4_unpack128 and the block-scale permute */
-            const __m512i v = _mm512_loadu_si512((const void *)(wp + 64 * j));
-            lo[j] = _mm512_permutexvar_epi8(v, lut);
-            hi[j] = _mm512_permutexvar_epi8(_mm512_srli_epi16(v, 4), lut);
-            ws[j] = _mm512_permutexvar_ps(sidx, sv[j]);
+        __asm__ volatile("" : "+r"(wp), "+r"(sp), "+r"(qp), "+r"(cp), "+r"(dp));
+        __m512i wv[2][4];
+        __m512 sf[2];
+#pragma GCC unroll 2
+        for (int j = 0; j < 2; j++) { /* a5_fp4_unpack256 and a5_scales16 */
+            const __m512i v0 = _mm512_loadu_si512((const void *)(wp + 128 * j));
+            const __m512i v1 = _mm512_loadu_si512((const void *)(wp + 128 * j + 64));
+            const __m512i a = _mm512_permutex2var_epi32(v0, ie, v1);
+            const __m512i b = _mm512_permutex2var_epi32(v0, io, v1);
+            wv[j][0] = _mm512_permutexvar_epi8(a, lut);
+            wv[j][1] = _mm512_permutexvar_epi8(_mm512_srli_epi16(a, 4), lut);
+            wv[j][2] = _mm512_permutexvar_epi8(b, lut);
+            wv[j][3] = _mm512_permutexvar_epi8(_mm512_srli_epi16(b, 4), lut);
+            __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(sp + 16 * j)));
+            h = _mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16((short)0xbfff));
+            sf[j] = _mm512_cvtph_ps(h);
         }
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
-            const __m512i xe = _mm512_loadu_si512((const void *)(qp + 128 * r));
-            const __m512i xo = _mm512_loadu_si512((const void *)(qp + 128 * r + 64));
+            const __m512i x0 = _mm512_loadu_si512((const void *)(qp + 256 * r));
+            const __m512i x1 = _mm512_loadu_si512((const void *)(qp + 256 * r + 64));
+            const __m512i x2 = _mm512_loadu_si512((const void *)(qp + 256 * r + 128));
+            const __m512i x3 = _mm512_loadu_si512((const void *)(qp + 256 * r + 192));
             const __m512 dv = _mm512_loadu_ps(dp + 16 * r);
-#pragma GCC unroll 4
-            for (int j = 0; j < 4; j++) {
-                __m512i x = _mm512_loadu_si512((const void *)(cp + 16 * r));
-                x = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(x, lo[j], xe), hi[j], xo);
-                acc[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x), _mm512_mul_ps(ws[j], dv), acc[r][j]);
+            const __m512i cv = _mm512_loadu_si512((const void *)(cp + 16 * r));
+#pragma GCC unroll 2
+            for (int j = 0; j < 2; j++) {
+                __m512i x = _mm512_dpbusd_epi32(cv, wv[j][0], x0);
+                x = _mm512_dpbusd_epi32(x, wv[j][1], x1);
+                x = _mm512_dpbusd_epi32(x, wv[j][2], x2);
+                x = _mm512_dpbusd_epi32(x, wv[j][3], x3);
+                acc[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(x), _mm512_mul_ps(sf[j], dv), acc[r][j]);
             }
         }
     }
-    __m512 s = _mm512_setzero_ps();
+    __m512 t = _mm512_setzero_ps();
 #pragma GCC unroll 4
     for (int r = 0; r < 4; r++)
-#pragma GCC unroll 4
-        for (int j = 0; j < 4; j++) s = _mm512_add_ps(s, acc[r][j]);
+#pragma GCC unroll 2
+        for (int j = 0; j < 2; j++) t = _mm512_add_ps(t, acc[r][j]);
     float v[16];
-    _mm512_storeu_ps(v, s);
+    _mm512_storeu_ps(v, t);
     return v[0] + v[15];
 }
 #endif

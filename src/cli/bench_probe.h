@@ -9,8 +9,9 @@
  *      int8 VNNI (AVX-512 vpdpbusd: 64 u8 x s8 products summed into 16 int32 lanes = 128 ops)
  *      a matmul tile's step (AVX-512): the instructions the CPU backend's prefill tile runs per
  *      step, in its proportions, operands in L1: for BF16, per 16 columns of 4 x 4 outputs, 4
- *      widenings (vpmovzxwd + vpslld) and 16 vfmadd; for NVFP4, per 64 columns, 4 nibble unpacks
- *      and 4 scale permutes, then 16 x (vpdpbusd, vcvtdq2ps, vmulps, vfmadd). Only the
+ *      widenings (vpmovzxwd + vpslld) and 16 vfmadd; for NVFP4, per 256 columns of 4 x 2
+ *      outputs, 2 weight-row unpacks (2 vpermt2d, 4 vpermb) with their 16 block scales, then
+ *      8 x (4 vpdpbusd, vcvtdq2ps, vmulps, vfmadd). Only the
  *      multiply-adds count as operations, so this is the ceiling of that kernel, below the bare
  *      instruction's: the tile spends issue slots on conversions and per-block scales.
  *    The kind mirrors the kernel a forward runs: `cairn bench` sets BF16 weights against the

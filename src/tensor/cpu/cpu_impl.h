@@ -41,11 +41,13 @@ typedef struct cpu_wmat {
  *   int32_t c[KP / 4]  -12 * (q[4i] + .. + q[4i+3]): the correction that lets an unsigned weight
  *                      2 * e2m1 + 12 (0..24) multiply signed q (VNNI vpdpbusd is u8 x s8)
  * Lanes of 4 values are what one vpdpbusd int32 lane sums, at any vector width.
- * The AVX-512 VNNI layout (same q, d and c values, 2 * KP bytes) pairs the even and odd columns:
- *   int8_t  q[KP]      per 128 values at c0: 64 bytes q[c0 + 8l + 2m], then 64 bytes
- *                      q[c0 + 8l + 2m + 1] (l < 16, m < 4)
- *   float   d[KP / 8]  amax / 127 of the block holding values 8i..8i+7
- *   int32_t c[KP / 8]  -12 * (q[8i] + .. + q[8i+7])
+ * The AVX-512 VNNI layout (same q and d values; KV = K rounded up to 256, 1.5 * KV bytes, which
+ * CPU_XQ_BYTES covers) gives each int32 lane one whole block of 16:
+ *   int8_t  q[KV]      per 256 values at c0, four runs of 64 bytes (l < 16, m < 4):
+ *                      q[c0 + 16l + 2m], q[c0 + 16l + 2m + 1], q[c0 + 16l + 8 + 2m],
+ *                      q[c0 + 16l + 9 + 2m]
+ *   float   d[KV / 16] amax / 127 of block i
+ *   int32_t c[KV / 16] -12 * (q[16i] + .. + q[16i+15])
  * The kernel table's quant_nvfp4 writes the layout its mm_nvfp4 reads. */
 #define CPU_XQ_KPAD(K) (((K) + 127) & ~(int64_t)127)
 #define CPU_XQ_BYTES(K) (3 * CPU_XQ_KPAD(K))

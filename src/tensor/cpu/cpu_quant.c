@@ -9,13 +9,18 @@
  * 2 * e2m1 + 12 (0..24) and the accumulator starts at the precomputed -12 * sum(q) of its lane.
  * Why this path and not a float one (nibbles -> fp32 via a vpermps table, times the block scale,
  * FMA with fp32 activations): it does 64 multiply-adds per vpdpbusd instead of 16 per FMA.
- * AVX-512 unpacks 128 nibbles with one shift and two vpermb (VBMI) and leaves them de-interleaved
- * (even columns, odd columns); its activations are laid out to match (cpu_impl.h: CPU_XQ VNNI
- * layout), so an int32 lane sums 8 values of one block and each 128 values cost, per weight row,
- * a load, a shift, 2 vpermb, 2 vpdpbusd, a convert, a scale permute, a multiply and an FMA.
+ * AVX-512 gives each int32 lane one whole block of 16: per 256 values and weight row, two dword
+ * permutes (vpermt2d) gather each block's 8 packed bytes into one lane's pair of operands, a shift
+ * and four vpermb (VBMI) look the nibbles up; the activations are laid out to match (cpu_impl.h:
+ * CPU_XQ VNNI layout), so per (token, weight row) four vpdpbusd sum 16 blocks and one convert,
+ * one multiply by the 16 block scales (e4m3(ws) * d(x), already one per lane: no scale permute)
+ * and one FMA finish them. With a lane of half a block (8 values), every 128 values took their
+ * own convert, multiply, FMA and scale permute.
  * Measured on this machine (AMD EPYC, Zen 5, one thread, thread CPU time, weight in L2, 256 x 2688):
  * decode (T=1) 57 G weights/s before (nibbles widened to 16-bit lanes, pshufb, 4 values per lane),
- * 95 after; prefill (T=64, 1856 x 2688) 85 G multiply-adds/s before, 106-116 after. The int8
+ * 95 after; prefill (T=64, 1856 x 2688) 85 G multiply-adds/s before, 106-116 after (half-block
+ * lanes). Whole-block lanes, T=1024 on nano shapes, same sitting, machine loaded (one thread,
+ * thread CPU time): in_proj 10304 x 2688 88-104 -> 113-123 G multiply-adds/s. The int8
  * activations cost about 0.3% relative error per dot product (max-abs per 16, round to nearest).
  *
  * MXFP8 (E4M3 with an E8M0 exponent per 32) runs in fp32. AVX2: E4M3 -> fp16 bits by two shifts
@@ -325,49 +330,74 @@ A5Q_IN __m512 a5_scales16(const uint8_t *p, __mmask16 sm) {
     return _mm512_cvtph_ps(h);
 }
 
-/* The VNNI layout of a quantized activation row (cpu_impl.h: CPU_XQ_VNNI): per chunk of 128
- * values at c0, xe[4l + m] = q[c0 + 8l + 2m] and xo[4l + m] = q[c0 + 8l + 2m + 1] (64 bytes each),
- * so that lane l of vpdpbusd(vpdpbusd(c, lo, xe), hi, xo) sums values c0 + 8l .. c0 + 8l + 7,
- * lo / hi being the low / high nibbles of the 64 packed weight bytes as they lie in memory. */
+/* Most weight rows of one AVX-512 NVFP4 block; activation rows padded to whole superchunks. */
+#define A5Q_NR 4
+#define A5Q_KPAD(K) (((K) + 255) & ~(int64_t)255)
 
-/* 128 nibbles (64 packed bytes, fewer under mask wm) -> unsigned weights 2 * e2m1 + 12: *lo the
- * even columns, *hi the odd ones. vpermb reads 6 index bits, so a table of the 16 entries repeated
- * 4 times ignores the bits above the nibble: no mask, and hi needs only a 16-bit shift. */
-A5Q_IN void a5_fp4_unpack128(const uint8_t *p, __mmask64 wm, __m512i *lo, __m512i *hi) {
+/* The VNNI layout of a quantized activation row (cpu_impl.h: CPU_XQ VNNI layout): per superchunk
+ * of 256 values at c0, four 64-byte operands whose int32 lane l holds 4 values of block l only
+ * (values c0 + 16l .. c0 + 16l + 15):
+ *   x0[4l + m] = q[c0 + 16l + 2m]        x1[4l + m] = q[c0 + 16l + 2m + 1]
+ *   x2[4l + m] = q[c0 + 16l + 8 + 2m]    x3[4l + m] = q[c0 + 16l + 9 + 2m]      (m < 4)
+ * so that lane l of four vpdpbusd sums one whole block, and one convert, one multiply by the
+ * block scales and one FMA serve 256 values (they served 128 when a lane held half a block). */
+
+/* 256 nibbles (128 packed bytes, fewer under masks m0 and m1) -> the four unsigned weight
+ * operands 2 * e2m1 + 12 that pair with x0..x3: two dword permutes gather each block's first and
+ * last 4 bytes into lane l, then vpermb looks the nibbles up. vpermb reads 6 index bits, so a
+ * table of the 16 entries repeated 4 times ignores the bits above the nibble: no mask, and the
+ * high nibbles need only a 16-bit shift. */
+A5Q_IN void a5_fp4_unpack256(const uint8_t *p, __mmask64 m0, __mmask64 m1, __m512i *wv) {
     const __m512i lut = _mm512_broadcast_i32x4(
         _mm_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0));
-    const __m512i v = wm == ~(__mmask64)0 ? _mm512_loadu_si512((const void *)p)
-                                          : _mm512_maskz_loadu_epi8(wm, p);
-    *lo = _mm512_permutexvar_epi8(v, lut);
-    *hi = _mm512_permutexvar_epi8(_mm512_srli_epi16(v, 4), lut);
+    const __m512i ie = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i io = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    const __m512i v0 = m0 == ~(__mmask64)0 ? _mm512_loadu_si512((const void *)p)
+                                           : _mm512_maskz_loadu_epi8(m0, p);
+    const __m512i v1 = m1 == ~(__mmask64)0 ? _mm512_loadu_si512((const void *)(p + 64))
+                                           : _mm512_maskz_loadu_epi8(m1, p + 64);
+    const __m512i a = _mm512_permutex2var_epi32(v0, ie, v1); /* bytes 0..3 of each block */
+    const __m512i b = _mm512_permutex2var_epi32(v0, io, v1); /* bytes 4..7 */
+    wv[0] = _mm512_permutexvar_epi8(a, lut);
+    wv[1] = _mm512_permutexvar_epi8(_mm512_srli_epi16(a, 4), lut);
+    wv[2] = _mm512_permutexvar_epi8(b, lut);
+    wv[3] = _mm512_permutexvar_epi8(_mm512_srli_epi16(b, 4), lut);
 }
 
-/* One chunk of 128 values at k, half h of its 256: lane l of the dot products covers values
- * k + 8l .. k + 8l + 7, in block 8h + l / 2 of the 16 whose scales sf holds. */
-A5Q_IN void a5_nvfp4_chunk(int R, int NR, const uint8_t *const *wr, const __m512 *sf,
+/* One superchunk at k of an R x NR block: lane l of the accumulators gets block k / 16 + l.
+ * m0, m1 mask the weight bytes and sm the block scales of a short last superchunk; activations
+ * are read whole (padded with zeros, and c = d = 0 there). */
+A5Q_IN void a5_nvfp4_super(int R, int NR, const uint8_t *const *wr, const uint8_t *const *sr,
                            const int8_t *const *xq, const float *const *xd,
-                           const int32_t *const *xc, __m512 (*acc)[8], int64_t k, int h,
-                           __mmask64 wm, int64_t pf) {
-    const __m512i sidx = _mm512_add_epi32(
-        _mm512_set1_epi32(8 * h), _mm512_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7));
-    __m512i lo[8], hi[8];
-    __m512 ws[8];
-#pragma GCC unroll 8
+                           const int32_t *const *xc, __m512 (*acc)[A5Q_NR], int64_t k,
+                           __mmask64 m0, __mmask64 m1, __mmask16 sm, int64_t pf) {
+    __m512i wv[A5Q_NR][4];
+    __m512 sf[A5Q_NR];
+#pragma GCC unroll 4
     for (int j = 0; j < NR; j++) {
-        if (pf) _mm_prefetch((const char *)wr[j] + k / 2 + pf, _MM_HINT_T0);
-        a5_fp4_unpack128(wr[j] + k / 2, wm, &lo[j], &hi[j]);
-        ws[j] = _mm512_permutexvar_ps(sidx, sf[j]);
+        if (pf) {
+            _mm_prefetch((const char *)wr[j] + k / 2 + pf, _MM_HINT_T0);
+            _mm_prefetch((const char *)wr[j] + k / 2 + 64 + pf, _MM_HINT_T0);
+        }
+        a5_fp4_unpack256(wr[j] + k / 2, m0, m1, wv[j]);
+        sf[j] = a5_scales16(sr[j] + k / 16, sm);
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
-        const __m512i xe = _mm512_loadu_si512((const void *)(xq[r] + k));
-        const __m512i xo = _mm512_loadu_si512((const void *)(xq[r] + k + 64));
-        const __m512 dv = _mm512_loadu_ps(xd[r] + k / 8);
-#pragma GCC unroll 8
+        const int8_t *x = xq[r] + k;
+        const __m512i x0 = _mm512_loadu_si512((const void *)x);
+        const __m512i x1 = _mm512_loadu_si512((const void *)(x + 64));
+        const __m512i x2 = _mm512_loadu_si512((const void *)(x + 128));
+        const __m512i x3 = _mm512_loadu_si512((const void *)(x + 192));
+        const __m512 dv = _mm512_loadu_ps(xd[r] + k / 16);
+        const __m512i cv = _mm512_loadu_si512((const void *)(xc[r] + k / 16));
+#pragma GCC unroll 4
         for (int j = 0; j < NR; j++) {
-            __m512i i = _mm512_loadu_si512((const void *)(xc[r] + k / 8));
-            i = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(i, lo[j], xe), hi[j], xo);
-            acc[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(ws[j], dv), acc[r][j]);
+            __m512i i = _mm512_dpbusd_epi32(cv, wv[j][0], x0);
+            i = _mm512_dpbusd_epi32(i, wv[j][1], x1);
+            i = _mm512_dpbusd_epi32(i, wv[j][2], x2);
+            i = _mm512_dpbusd_epi32(i, wv[j][3], x3);
+            acc[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(i), _mm512_mul_ps(sf[j], dv), acc[r][j]);
         }
     }
 }
@@ -375,43 +405,35 @@ A5Q_IN void a5_nvfp4_chunk(int R, int NR, const uint8_t *const *wr, const __m512
 /* Full 256-value superchunks run unmasked; the row's tail (K % 256) is masked. */
 A5Q_IN void a5_nvfp4_block(int R, int NR, const cpu_wmat *w, const int8_t *const *xq,
                            float *const *yr, int64_t n) {
-    const int64_t K = w->K, KP = CPU_XQ_KPAD(K), K256 = K & ~(int64_t)255;
+    const int64_t K = w->K, KV = A5Q_KPAD(K), K256 = K & ~(int64_t)255;
     /* decode prefetches the same offset of the next tile's rows: the rows of a tile lie back to
      * back, so an offset within the row would land in rows being read already */
     const int64_t pf = R == 1 ? NR * w->stride : 0;
-    const uint8_t *wr[8], *sr[8];
+    const uint8_t *wr[A5Q_NR], *sr[A5Q_NR];
     const float *xd[CPU_MM_ROWS];
     const int32_t *xc[CPU_MM_ROWS];
-    __m512 acc[CPU_MM_ROWS][8];
-    __m512 sf[8];
-#pragma GCC unroll 8
+    __m512 acc[CPU_MM_ROWS][A5Q_NR];
+#pragma GCC unroll 4
     for (int j = 0; j < NR; j++) {
         wr[j] = (const uint8_t *)w->data + (n + j) * w->stride;
         sr[j] = w->bs + (n + j) * w->bs_stride;
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++) {
-        xd[r] = (const float *)(xq[r] + KP);
-        xc[r] = (const int32_t *)(xd[r] + KP / 8);
-#pragma GCC unroll 8
+        xd[r] = (const float *)(xq[r] + KV);
+        xc[r] = (const int32_t *)(xd[r] + KV / 16);
+#pragma GCC unroll 4
         for (int j = 0; j < NR; j++) acc[r][j] = _mm512_setzero_ps();
     }
-    for (int64_t k = 0; k < K256; k += 256) {
-#pragma GCC unroll 8
-        for (int j = 0; j < NR; j++) sf[j] = a5_scales16(sr[j] + k / 16, 0xffff);
-        a5_nvfp4_chunk(R, NR, wr, sf, xq, xd, xc, acc, k, 0, ~(__mmask64)0, pf);
-        a5_nvfp4_chunk(R, NR, wr, sf, xq, xd, xc, acc, k + 128, 1, ~(__mmask64)0, pf);
-    }
+    for (int64_t k = 0; k < K256; k += 256)
+        a5_nvfp4_super(R, NR, wr, sr, xq, xd, xc, acc, k, ~(__mmask64)0, ~(__mmask64)0,
+                       (__mmask16)0xffff, pf);
     if (K256 < K) {
-        const int64_t nsc = (K - K256) / 16; /* 1..15 blocks left */
-#pragma GCC unroll 8
-        for (int j = 0; j < NR; j++)
-            sf[j] = a5_scales16(sr[j] + K256 / 16, (__mmask16)((1u << nsc) - 1u));
-        for (int h = 0; K256 + 128 * h < K; h++) {
-            const int64_t k = K256 + 128 * h, nv = K - k < 128 ? K - k : 128;
-            const __mmask64 wm = nv == 128 ? ~(__mmask64)0 : (((__mmask64)1 << (nv / 2)) - 1);
-            a5_nvfp4_chunk(R, NR, wr, sf, xq, xd, xc, acc, k, h, wm, 0);
-        }
+        const int64_t nb = (K - K256) / 2; /* 8..120 weight bytes left */
+        const __mmask64 m0 = nb >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << nb) - 1);
+        const __mmask64 m1 = nb > 64 ? (((__mmask64)1 << (nb - 64)) - 1) : 0;
+        const __mmask16 sm = (__mmask16)((1u << ((K - K256) / 16)) - 1u);
+        a5_nvfp4_super(R, NR, wr, sr, xq, xd, xc, acc, K256, m0, m1, sm, 0);
     }
     const float scale = w->scale * 256.0f; /* sf held e4m3 / 256 */
     for (int r = 0; r < R; r++)
@@ -423,11 +445,11 @@ A5Q_FN static void a5_mm_nvfp4(const cpu_wmat *w, const int8_t *const *xq, float
     int64_t n = n0;
     switch (R) {
     case 4:
-        for (; n + 4 <= n1; n += 4) a5_nvfp4_block(4, 4, w, xq, yr, n);
+        for (; n + 2 <= n1; n += 2) a5_nvfp4_block(4, 2, w, xq, yr, n);
         for (; n < n1; n++) a5_nvfp4_block(4, 1, w, xq, yr, n);
         break;
     case 3:
-        for (; n + 4 <= n1; n += 4) a5_nvfp4_block(3, 4, w, xq, yr, n);
+        for (; n + 2 <= n1; n += 2) a5_nvfp4_block(3, 2, w, xq, yr, n);
         for (; n < n1; n++) a5_nvfp4_block(3, 1, w, xq, yr, n);
         break;
     case 2:
@@ -445,12 +467,18 @@ A5Q_FN static void a5_mm_nvfp4(const cpu_wmat *w, const int8_t *const *xq, float
 /* The same q and d as sc_quant_nvfp4 (the block max is order-free, then the same fp32 multiply and
  * round-to-nearest-even: vcvtps2dq under the default MXCSR, as lrintf), laid out for VNNI. */
 A5Q_FN static void a5_quant_nvfp4(const float *x, int64_t K, int8_t *xq) {
-    const int64_t KP = CPU_XQ_KPAD(K);
-    float *d = (float *)(xq + KP);
-    int32_t *c = (int32_t *)(d + KP / 8);
-    /* evens in bytes 0..7, odds in 8..15 */
-    const __m128i eo = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
-    memset(xq, 0, (size_t)(2 * KP));
+    const int64_t KV = A5Q_KPAD(K), K256 = K & ~(int64_t)255;
+    float *d = (float *)(xq + KV);
+    int32_t *c = (int32_t *)(d + KV / 16);
+    /* a block's 16 bytes as x0, x1, x2, x3 take them: 0 2 4 6 | 1 3 5 7 | 8 .. 14 | 9 .. 15 */
+    const __m128i perm = _mm_setr_epi8(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+    if (K256 < K) { /* the last superchunk's missing blocks: q, d and c zero */
+        memset(xq + K256, 0, 256);
+        for (int64_t b = K / 16; b < KV / 16; b++) {
+            d[b] = 0;
+            c[b] = 0;
+        }
+    }
     for (int64_t b = 0; b < K; b += 16) {
         const __m512 v = _mm512_loadu_ps(x + b);
         const float amax = _mm512_reduce_max_ps(_mm512_abs_ps(v));
@@ -459,20 +487,13 @@ A5Q_FN static void a5_quant_nvfp4(const float *x, int64_t K, int8_t *xq) {
         const float id = amax > 0 && fin ? 127.0f / amax : 0.0f;
         const __m512i q = fin ? _mm512_cvtps_epi32(_mm512_mul_ps(v, _mm512_set1_ps(id)))
                               : _mm512_setzero_si512();
-        const __m128i qb = _mm_shuffle_epi8(_mm512_cvtsepi32_epi8(q), eo);
-        const int64_t c0 = b & ~(int64_t)127, l = (b & 127) / 8; /* lanes l, l + 1 */
-        _mm_storel_epi64((__m128i *)(xq + c0 + 4 * l), qb);
-        _mm_storel_epi64((__m128i *)(xq + c0 + 64 + 4 * l), _mm_unpackhi_epi64(qb, qb));
-        int32_t qs[16];
-        _mm512_storeu_si512((void *)qs, q);
-        int32_t s0 = 0, s1 = 0;
-        for (int i = 0; i < 8; i++) {
-            s0 += qs[i];
-            s1 += qs[8 + i];
-        }
-        d[b / 8] = d[b / 8 + 1] = amax / 127.0f;
-        c[b / 8] = -FP4_BIAS * s0;
-        c[b / 8 + 1] = -FP4_BIAS * s1;
+        const __m128i qb = _mm_shuffle_epi8(_mm512_cvtsepi32_epi8(q), perm);
+        int8_t *o = xq + (b & ~(int64_t)255) + 4 * ((b & 255) / 16);
+        const int32_t part[4] = {_mm_cvtsi128_si32(qb), _mm_extract_epi32(qb, 1),
+                                 _mm_extract_epi32(qb, 2), _mm_extract_epi32(qb, 3)};
+        for (int i = 0; i < 4; i++) memcpy(o + 64 * i, &part[i], 4);
+        d[b / 16] = amax / 127.0f;
+        c[b / 16] = -FP4_BIAS * _mm512_reduce_add_epi32(q);
     }
 }
 
