@@ -1019,7 +1019,7 @@ int cn_bench_cache(int argc, char **argv) {
         {"model", CN_FLAG_STR, &b.o.model, "DIR", "model directory (default: models/small, else the small preset written to a temp dir)", 0, 0},
         {"prompt-tokens", CN_FLAG_INT, &b.o.prompt_tokens, "N", "length of the long context (default 4096)", 0, 0},
         {"spacing", CN_FLAG_INT, &b.o.spacing, "N", "restore spacing (default 512)", 0, 0},
-        {"chunk", CN_FLAG_INT, &b.o.chunk, "N", "prompt tokens per forward (default 512)", 0, 0},
+        {"chunk", CN_FLAG_INT, &b.o.chunk, "N", "prompt tokens per forward (default 512 on the CPU, --ubatch on a GPU)", 0, 0},
         {"threads", CN_FLAG_INT, &b.o.threads, "N", "CPU threads (default: all cores)", 0, 0},
         {"max-tokens", CN_FLAG_INT, &b.o.max_tokens, "N", "tokens generated per request, greedy (default 16)", 0, 0},
         {"seed", CN_FLAG_U64, &b.o.seed, "S", "token-stream seed (default 0)", 0, 0},

@@ -115,7 +115,7 @@ int cn_cmd_generate(int argc, char **argv) {
         {"frequency-penalty", CN_FLAG_FLOAT, &rq.sampling.frequency_penalty, "F", "", 0, 0},
         {"seed", CN_FLAG_U64, &rq.sampling.seed, "S", "sampling seed", 0, 0},
         {"ctx", CN_FLAG_INT, &eo.ctx, "N", "context length (default: 4096 or what the request needs)", 0, 0},
-        {"chunk", CN_FLAG_INT, &eo.chunk, "N", "prompt tokens per forward (default 512)", 0, 0},
+        {"chunk", CN_FLAG_INT, &eo.chunk, "N", "prompt tokens per forward (default 512 on the CPU, --ubatch on a GPU)", 0, 0},
         {"cache-spacing", CN_FLAG_INT, &eo.cache.spacing, "N", "a restore point every N prompt tokens (default 1024)", 0, 0},
         {"cache-ram", CN_FLAG_SIZE, &eo.cache.ram_budget, "SIZE", "host RAM for restore points (default 4G)", 0, 0},
         {"cache-gpu", CN_FLAG_SIZE, &cache_gpu, "SIZE", CN_CLI_CACHE_GPU_HELP, 0, 0},

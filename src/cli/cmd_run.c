@@ -579,7 +579,7 @@ int cn_cmd_run(int argc, char **argv) {
         {"frequency-penalty", CN_FLAG_FLOAT, &o.sampling.frequency_penalty, "F", "", 0, 0},
         {"seed", CN_FLAG_U64, &o.sampling.seed, "S", "sampling seed (default 0)", 0, 0},
         {"ctx", CN_FLAG_INT, &eo.ctx, "N", "context length in tokens: the whole conversation (default 4096)", 0, 0},
-        {"chunk", CN_FLAG_INT, &eo.chunk, "N", "prompt tokens per forward (default 512)", 0, 0},
+        {"chunk", CN_FLAG_INT, &eo.chunk, "N", "prompt tokens per forward (default 512 on the CPU, --ubatch on a GPU)", 0, 0},
         {"cache-ram", CN_FLAG_SIZE, &eo.cache.ram_budget, "SIZE", "host RAM for restore points (default 4G)", 0, 0},
         {"cache-gpu", CN_FLAG_SIZE, &cache_gpu, "SIZE", CN_CLI_CACHE_GPU_HELP, 0, 0},
         {"cache-dir", CN_FLAG_STR, &eo.cache_dir, "DIR", "keep restore points on disk in DIR", 0, 0},

@@ -98,7 +98,7 @@ int cn_cmd_serve(int argc, char **argv) {
          "keep prefilling a prompt whose client left, while idle, up to SECONDS (default 120; 0: off)", 0, 0},
         {"keepalive", CN_FLAG_FLOAT, &keepalive, "SECONDS", "idle seconds before keep-alive bytes (default 5)", 0, 0},
         {"max-body", CN_FLAG_SIZE, &max_body, "SIZE", "largest request body (default 32M)", 0, 0},
-        {"chunk", CN_FLAG_INT, &eo.chunk, "N", "prompt tokens per forward (default 512)", 0, 0},
+        {"chunk", CN_FLAG_INT, &eo.chunk, "N", "prompt tokens per forward (default 512 on the CPU, --ubatch on a GPU)", 0, 0},
         {"cache-spacing", CN_FLAG_INT, &eo.cache.spacing, "N", "a restore point every N prompt tokens (default 1024)", 0, 0},
         {"no-speculate", CN_FLAG_BOOL, &eo.no_speculate, NULL, "decode plainly even with an MTP head (requests may also set options.speculate)", 0, 0},
         {"threads", CN_FLAG_INT, &threads, "N", "CPU threads (default: all cores)", 0, 0},

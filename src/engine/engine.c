@@ -8,6 +8,7 @@
 
 #include "base/log.h"
 #include "model/state.h"
+#include "tensor/backend.h"
 
 static double now_ms(void) {
     struct timespec ts;
@@ -22,7 +23,11 @@ int cn_engine_open(cn_engine **out, cn_model *m, const cn_engine_opts *o, cn_err
     if (o) e->o = *o;
     else e->o.cache.pre_end = 4;
     if (e->o.ctx <= 0) e->o.ctx = 4096;
-    if (e->o.chunk <= 0) e->o.chunk = 512;
+    /* a device forwards a whole piece (2048 tokens) in milliseconds: cancels stay prompt there,
+     * and smaller forwards would halve its prefill; the CPU keeps 512 so a cancel is honoured
+     * within seconds on a large model */
+    if (e->o.chunk <= 0)
+        e->o.chunk = strcmp(cn_backend_name(cn_model_backend(m)), "cpu") ? cn_model_ubatch(m) : 512;
     const cn_config *c = cn_model_config(m);
     int rc = cn_state_create(&e->live, m, e->o.ctx, 0);
     if (rc) {

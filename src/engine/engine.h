@@ -33,7 +33,7 @@
 
 typedef struct cn_engine_opts {
     int ctx;          /* tokens per sequence (0: 4096) */
-    int chunk;        /* tokens per prefill forward (0: 512) */
+    int chunk;        /* tokens per prefill forward (0: 512 on the CPU, the model's piece elsewhere) */
     cn_pc_opts cache; /* restore-point spacing, RAM budget */
     int no_cache;     /* 1: every request starts from token 0 (cold runs for comparison) */
     const char *cache_dir; /* (optional) the disk tier's folder: restore points survive a restart */
