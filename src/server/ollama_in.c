@@ -55,7 +55,7 @@ static int options(cn_job *j, const cJSON *root, cn_refusal *r) {
     double num_ctx = 1;
     if ((rc = cn_req_number(o, "num_ctx", 1, 1e9, &num_ctx, r))) return rc; /* the server's --ctx rules */
     /* speculate: false decodes plainly; the output is the same either way (speculate.h) */
-    int spec;
+    int spec = 1; /* get_bool sets it; -O3 cannot see that (maybe-uninitialized) */
     if ((rc = get_bool(o, "speculate", 1, &spec, r))) return rc;
     j->no_speculate = !spec;
     return cn_req_stops(j, cJSON_GetObjectItemCaseSensitive(o, "stop"), "options.stop", 64, r);
@@ -184,7 +184,7 @@ int cn_ollama_generate_request(const cn_api_env *env, const char *body, size_t l
         goto out;
     }
     const char *prompt = p && cJSON_IsString(p) ? p->valuestring : "";
-    int raw;
+    int raw = 0; /* get_bool sets it; -O3 cannot see that (maybe-uninitialized) */
     if ((rc = get_bool(root, "raw", 0, &raw, r))) goto out;
     if (raw) { /* the prompt is the model's input, byte for byte; output is not split */
         if (sys && cJSON_IsString(sys) && *sys->valuestring) {
