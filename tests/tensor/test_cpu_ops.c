@@ -253,6 +253,52 @@ static void test_matmul_simd_matches_scalar_and_threads_agree(void **state) {
     for (int i = 0; i < 6; i++) cn_backend_free(bs[i]);
 }
 
+/* Decode's one-row matmul takes weight blocks of up to 1024 rows (a share of N per thread) and
+ * streams 8 runs of consecutive rows of each at once, with the odd rows left over done apart.
+ * Each row must come out as the multi-row matmul computes it, on 1, 2 or 3 threads, and close
+ * to the reference; the gathered matmul of one token (MoE decode) likewise per expert. */
+static void test_matmul_decode_streams_match_rows(void **state) {
+    (void)state;
+    static const int64_t shapes[][2] = {{1003, 256}, {777, 301}, {2100, 48}};
+    rng r = {21};
+    for (int isa = 0; isa < N_ISA; isa++) {
+        cn_backend *bs[3];
+        for (int i = 0; i < 3; i++) bs[i] = backend(i + 1, isa);
+        for (int d = 0; d < N_WDTYPES; d++)
+            for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++) {
+                const int64_t N = shapes[sh][0], K = shapes[sh][1], T = 5;
+                weight w = weight_rand(&r, k_wdtypes[d], N, K, 1, 0.8f);
+                view x = view_rand(&r, T, K, 2, -1, 1);
+                view y = view_make(T, N, 1);
+                assert_int_equal(cn_op_matmul(bs[0], &y.t, &w.t, &x.t), CN_OK);
+                double *ref = ref_matmul(&x, &w);
+                expect_view_close("matmul rows for decode", &y, ref, 2e-5);
+                free(ref);
+                for (int i = 0; i < 3; i++)
+                    for (int64_t t = 0; t < T; t += 2) {
+                        view y1 = view_make(1, N, 1);
+                        cn_tensor x1 = cn_tensor_rows(&x.t, t, 1);
+                        assert_int_equal(cn_op_matmul(bs[i], &y1.t, &w.t, &x1), CN_OK);
+                        assert_memory_equal(at(&y1, 0, 0), at(&y, t, 0), (size_t)N * sizeof(float));
+                        /* one token through two experts, w twice: both rows equal y's row t */
+                        const cn_tensor *wp[2] = {&w.t, &w.t};
+                        int32_t idb[2] = {1, 0};
+                        cn_tensor ids = cn_tensor_2d(CN_I32, 1, 2, idb);
+                        view yg = view_make(2, N, 1);
+                        assert_int_equal(cn_op_matmul_gather(bs[i], &yg.t, wp, 2, &x1, &ids), CN_OK);
+                        assert_memory_equal(at(&yg, 0, 0), at(&y, t, 0), (size_t)N * sizeof(float));
+                        assert_memory_equal(at(&yg, 1, 0), at(&y, t, 0), (size_t)N * sizeof(float));
+                        view_free(&yg);
+                        view_free(&y1);
+                    }
+                view_free(&x);
+                view_free(&y);
+                weight_free(&w);
+            }
+        for (int i = 0; i < 3; i++) cn_backend_free(bs[i]);
+    }
+}
+
 /* Every E4M3 code through each ISA's decoding, exactly: one-hot rows of x pick single weights. */
 static void test_matmul_f8_every_code(void **state) {
     (void)state;
@@ -1268,6 +1314,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul_all_dtypes_and_odd_sizes),
         cmocka_unit_test(test_matmul_simd_matches_scalar_and_threads_agree),
+        cmocka_unit_test(test_matmul_decode_streams_match_rows),
         cmocka_unit_test(test_matmul_f8_every_code),
         cmocka_unit_test(test_matmul_unsupported_weight),
         cmocka_unit_test(test_matmul_gather),
