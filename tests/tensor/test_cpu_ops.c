@@ -254,6 +254,52 @@ static void test_matmul_simd_matches_scalar_and_threads_agree(void **state) {
     for (int i = 0; i < 6; i++) cn_backend_free(bs[i]);
 }
 
+/* Decode's one-row matmul takes weight blocks of up to 1024 rows (a share of N per thread) and
+ * streams 8 runs of consecutive rows of each at once, with the odd rows left over done apart.
+ * Each row must come out as the multi-row matmul computes it, on 1, 2 or 3 threads, and close
+ * to the reference; the gathered matmul of one token (MoE decode) likewise per expert. */
+static void test_matmul_decode_streams_match_rows(void **state) {
+    (void)state;
+    static const int64_t shapes[][2] = {{1003, 256}, {777, 301}, {2100, 48}};
+    rng r = {21};
+    for (int isa = 0; isa < N_ISA; isa++) {
+        cn_backend *bs[3];
+        for (int i = 0; i < 3; i++) bs[i] = backend(i + 1, isa);
+        for (int d = 0; d < N_WDTYPES; d++)
+            for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++) {
+                const int64_t N = shapes[sh][0], K = shapes[sh][1], T = 5;
+                weight w = weight_rand(&r, k_wdtypes[d], N, K, 1, 0.8f);
+                view x = view_rand(&r, T, K, 2, -1, 1);
+                view y = view_make(T, N, 1);
+                assert_int_equal(cn_op_matmul(bs[0], &y.t, &w.t, &x.t), CN_OK);
+                double *ref = ref_matmul(&x, &w);
+                expect_view_close("matmul rows for decode", &y, ref, 2e-5);
+                free(ref);
+                for (int i = 0; i < 3; i++)
+                    for (int64_t t = 0; t < T; t += 2) {
+                        view y1 = view_make(1, N, 1);
+                        cn_tensor x1 = cn_tensor_rows(&x.t, t, 1);
+                        assert_int_equal(cn_op_matmul(bs[i], &y1.t, &w.t, &x1), CN_OK);
+                        assert_memory_equal(at(&y1, 0, 0), at(&y, t, 0), (size_t)N * sizeof(float));
+                        /* one token through two experts, w twice: both rows equal y's row t */
+                        const cn_tensor *wp[2] = {&w.t, &w.t};
+                        int32_t idb[2] = {1, 0};
+                        cn_tensor ids = cn_tensor_2d(CN_I32, 1, 2, idb);
+                        view yg = view_make(2, N, 1);
+                        assert_int_equal(cn_op_matmul_gather(bs[i], &yg.t, wp, 2, &x1, &ids), CN_OK);
+                        assert_memory_equal(at(&yg, 0, 0), at(&y, t, 0), (size_t)N * sizeof(float));
+                        assert_memory_equal(at(&yg, 1, 0), at(&y, t, 0), (size_t)N * sizeof(float));
+                        view_free(&yg);
+                        view_free(&y1);
+                    }
+                view_free(&x);
+                view_free(&y);
+                weight_free(&w);
+            }
+        for (int i = 0; i < 3; i++) cn_backend_free(bs[i]);
+    }
+}
+
 /* Every E4M3 code through each ISA's decoding, exactly: one-hot rows of x pick single weights. */
 static void test_matmul_f8_every_code(void **state) {
     (void)state;
@@ -798,41 +844,51 @@ static void test_attention(void **state) {
 /* Past ATT_RANGE (1024) keys the vectorised path folds key ranges; decode splits them over threads.
  * Each query's output must match the reference and be the same bits whether it comes from a
  * prefill of several queries or a decode of that one query, on 1 or 3 threads. */
+static void check_long_decode(int isa, int T, int n_past, int Hq, int Hkv, int64_t Dh,
+                              cn_dtype kdt, cn_dtype vdt) {
+    const int64_t S = n_past + T + 2;
+    const float scale = 1.0f / sqrtf((float)Dh);
+    rng r = {14};
+    cn_backend *b1 = backend(1, isa), *b3 = backend(3, isa);
+    cache kc = cache_rand(&r, kdt, S, Hkv * Dh, n_past + T);
+    cache vc = cache_rand(&r, vdt, S, Hkv * Dh, n_past + T);
+    view q = view_rand(&r, T, Hq * Dh, 3, -2, 2);
+    view out = view_make(T, Hq * Dh, 2);
+    assert_int_equal(cn_op_attention(b3, &out.t, &q.t, &kc.t, &vc.t, n_past, Hq, Hkv, scale),
+                     CN_OK);
+    double *ref = malloc((size_t)(T * Hq * Dh) * sizeof(double));
+    attention_ref(ref, &q, &kc, &vc, n_past, Hq, Hkv, Dh, scale);
+    char what[96];
+    snprintf(what, sizeof what, "attention long context past=%d Hq=%d Hkv=%d Dh=%lld", n_past, Hq,
+             Hkv, (long long)Dh);
+    expect_view_close(what, &out, ref, 2e-5);
+    for (int t = 0; t < T; t++)
+        for (int nt = 0; nt < 2; nt++) {
+            view o1 = view_make(1, Hq * Dh, 1);
+            cn_tensor q1 = cn_tensor_rows(&q.t, t, 1);
+            assert_int_equal(cn_op_attention(nt ? b3 : b1, &o1.t, &q1, &kc.t, &vc.t, n_past + t,
+                                             Hq, Hkv, scale),
+                             CN_OK);
+            assert_memory_equal(at(&o1, 0, 0), at(&out, t, 0), (size_t)(Hq * Dh) * sizeof(float));
+            view_free(&o1);
+        }
+    free(ref);
+    view_free(&out);
+    view_free(&q);
+    cache_free(&kc);
+    cache_free(&vc);
+    cn_backend_free(b1);
+    cn_backend_free(b3);
+}
+
 static void test_attention_long_context_decode_equals_prefill(void **state) {
     (void)state;
-    const int T = 3, n_past = 2100, Hq = 16, Hkv = 2;
-    const int64_t Dh = 64, S = n_past + T + 2;
-    const float scale = 1.0f / sqrtf((float)Dh);
     for (int isa = 0; isa < N_ISA; isa++) {
-        rng r = {14};
-        cn_backend *b1 = backend(1, isa), *b3 = backend(3, isa);
-        cache kc = cache_rand(&r, CN_BF16, S, Hkv * Dh, n_past + T);
-        cache vc = cache_rand(&r, CN_F32, S, Hkv * Dh, n_past + T);
-        view q = view_rand(&r, T, Hq * Dh, 3, -2, 2);
-        view out = view_make(T, Hq * Dh, 2);
-        assert_int_equal(cn_op_attention(b3, &out.t, &q.t, &kc.t, &vc.t, n_past, Hq, Hkv, scale),
-                         CN_OK);
-        double *ref = malloc((size_t)(T * Hq * Dh) * sizeof(double));
-        attention_ref(ref, &q, &kc, &vc, n_past, Hq, Hkv, Dh, scale);
-        expect_view_close("attention long context", &out, ref, 2e-5);
-        for (int t = 0; t < T; t++)
-            for (int nt = 0; nt < 2; nt++) {
-                view o1 = view_make(1, Hq * Dh, 1);
-                cn_tensor q1 = cn_tensor_rows(&q.t, t, 1);
-                assert_int_equal(cn_op_attention(nt ? b3 : b1, &o1.t, &q1, &kc.t, &vc.t,
-                                                 n_past + t, Hq, Hkv, scale),
-                                 CN_OK);
-                assert_memory_equal(at(&o1, 0, 0), at(&out, t, 0),
-                                    (size_t)(Hq * Dh) * sizeof(float));
-                view_free(&o1);
-            }
-        free(ref);
-        view_free(&out);
-        view_free(&q);
-        cache_free(&kc);
-        cache_free(&vc);
-        cn_backend_free(b1);
-        cn_backend_free(b3);
+        check_long_decode(isa, 3, 2100, 16, 2, 64, CN_BF16, CN_F32);
+        /* decode steps up to CPU_ATT_NB (4) kv-head groups over one key range together: 5 kv
+         * heads make a group of 4 and one of 1; 20 query heads per kv head make sub-blocks of
+         * 16 and 4 heads side by side; Dh = 24 pads the rows; the last range is ragged */
+        check_long_decode(isa, 2, 1100, 100, 5, 24, CN_F32, CN_BF16);
     }
 }
 
@@ -1313,6 +1369,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_matmul_all_dtypes_and_odd_sizes),
         cmocka_unit_test(test_matmul_simd_matches_scalar_and_threads_agree),
+        cmocka_unit_test(test_matmul_decode_streams_match_rows),
         cmocka_unit_test(test_matmul_f8_every_code),
         cmocka_unit_test(test_matmul_unsupported_weight),
         cmocka_unit_test(test_matmul_gather),

@@ -76,6 +76,7 @@ typedef struct cpu_att_args {
 
 #define CPU_ATT_HB 16    /* query heads of one vectorised task: one per fp32 lane of a zmm */
 #define CPU_ATT_DMAX 256 /* longest head the vectorised path takes (its scratch is on the stack) */
+#define CPU_ATT_NB 4     /* argument sets one att_heads call steps together */
 
 typedef struct cpu_kernels {
     /* yr[r][n] = scale * dot(w row n, xr[r]) for r < R (1..CPU_MM_ROWS), n in [n0, n1). */
@@ -96,9 +97,11 @@ typedef struct cpu_kernels {
     /* MXFP8: as mm_tile, value = e4m3 * 2^(e8m0 - 127) per block of 32 (K % 32 == 0). */
     void (*mm_mxfp8)(const cpu_wmat *w, const float *const *xr, float *const *yr, int R,
                      int64_t n0, int64_t n1);
-    /* Attention of one query over hb heads of one kv head (NULL: cpu_attention's generic path,
-     * built on dot_w / axpy_w, is the one this ISA runs). */
-    void (*att_heads)(const cpu_att_args *a);
+    /* Attention of one query over hb heads of one kv head, for n (1..CPU_ATT_NB) argument sets
+     * over the same keys [s0, s1) stepped together, so that sets whose rows lie side by side
+     * (adjacent kv heads) stream them once; each set gets the bits it gets alone (NULL:
+     * cpu_attention's generic path, built on dot_w / axpy_w, is the one this ISA runs). */
+    void (*att_heads)(const cpu_att_args *a, int n);
     /* One row of a Mamba2 state: s[n] = s[n] * dA + dx * B[n] for n < N; returns sum s[n] * C[n]. */
     float (*ssm_row)(float *s, const float *B, const float *C, float dA, float dx, int64_t N);
 } cpu_kernels;
@@ -134,7 +137,7 @@ static inline float *cpu_row(const cn_tensor *t, int64_t r) {
 void cpu_kernels_scalar(cpu_kernels *k);
 void cpu_kernels_avx2(cpu_kernels *k);
 void cpu_kernels_avx512(cpu_kernels *k, int vnni);
-void cpu_att_heads_avx512(const cpu_att_args *a); /* cpu_attention.c */
+void cpu_att_heads_avx512(const cpu_att_args *a, int n); /* cpu_attention.c */
 void cpu_quant_kernels_scalar(cpu_kernels *k);
 void cpu_quant_kernels_avx2(cpu_kernels *k);
 void cpu_quant_kernels_avx512(cpu_kernels *k, int vnni);

@@ -2,8 +2,12 @@
  *
  * Promises: each weight block is streamed once per group of up to MM_TB x rows (dense) or once per
  * call per expert (gathered, up to MM_TB rows at a time), and each weight row once per
- * CPU_MM_ROWS x rows inside that; work is split over (weight block, row block) tasks that do not
- * depend on the thread count, so results are bit-identical for any n_threads (cpu_impl.h (3)).
+ * CPU_MM_ROWS x rows inside that; work is split over (weight block, row block) tasks, and every
+ * output is computed the same way whatever task holds it, so results are bit-identical for any
+ * n_threads (cpu_impl.h (3)). One x row (decode) takes weight blocks of about an eighth of a
+ * thread's share (rows_per_task): its tile streams 8 runs of consecutive rows at once, and runs
+ * of a few hundred rows keep the hardware prefetchers streaming where 16-row blocks restarted
+ * them every 2 rows.
  * Index tensors are checked before anything is written: an id out of range gives CN_EINVAL.
  * NVFP4 weights read activations quantized once per call into the backend's scratch (cpu_impl.h:
  * CPU_XQ layout), so the per-token path allocates nothing once the scratch has grown.
@@ -16,6 +20,7 @@
 
 #define MM_NB 16 /* weight rows per task: 16 rows of K <= 4096 bf16 stay in L2 across row groups */
 #define MM_TB 64 /* x rows per task */
+#define MM_NB_DECODE 1024 /* one x row: weight rows per task at most */
 
 static cpu_wmat wmat_of(const cpu_ctx *c, const cn_tensor *w) {
     cpu_wmat m;
@@ -34,6 +39,17 @@ static cpu_wmat wmat_of(const cpu_ctx *c, const cn_tensor *w) {
         m.bs_stride = w->block_scale->stride[0];
     }
     return m;
+}
+
+/* Weight rows per task: MM_NB, or for one x row N / (8 n_threads) rounded down to a multiple of
+ * 8, within [MM_NB, MM_NB_DECODE]: 8 tasks a thread (the pool's claims even them out) and the
+ * longest runs that allows. */
+static int64_t rows_per_task(const cpu_ctx *c, int64_t T, int64_t N) {
+    if (T != 1) return MM_NB;
+    int64_t nb = N / (8 * (int64_t)c->n_threads);
+    if (nb > MM_NB_DECODE) nb = MM_NB_DECODE;
+    nb &= ~(int64_t)7;
+    return nb > MM_NB ? nb : MM_NB;
 }
 
 /* ---- NVFP4 activations ---- */
@@ -77,7 +93,8 @@ typedef struct mm_job {
     const int8_t *xq; /* quantized x rows (NVFP4), else NULL */
     int64_t xq_bytes; /* bytes per quantized row */
     int64_t T, N;
-    int n_tb; /* row blocks */
+    int64_t nb; /* weight rows per task */
+    int n_tb;   /* row blocks */
 } mm_job;
 
 static void mm_task(void *arg, int begin, int end) {
@@ -85,7 +102,7 @@ static void mm_task(void *arg, int begin, int end) {
     for (int i = begin; i < end; i++) {
         /* consecutive tasks share a weight block, so a thread's range reuses it from cache */
         int64_t nb = i / j->n_tb, tb = i % j->n_tb;
-        int64_t n0 = nb * MM_NB, n1 = n0 + MM_NB < j->N ? n0 + MM_NB : j->N;
+        int64_t n0 = nb * j->nb, n1 = n0 + j->nb < j->N ? n0 + j->nb : j->N;
         int64_t t0 = tb * MM_TB, t1 = t0 + MM_TB < j->T ? t0 + MM_TB : j->T;
         for (int64_t t = t0; t < t1; t += CPU_MM_ROWS) {
             const float *xr[CPU_MM_ROWS];
@@ -116,7 +133,8 @@ int cpu_matmul(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor 
         j.xq = xq;
     }
     j.n_tb = (int)((j.T + MM_TB - 1) / MM_TB);
-    int n_nb = (int)((j.N + MM_NB - 1) / MM_NB);
+    j.nb = rows_per_task(c, j.T, j.N);
+    int n_nb = (int)((j.N + j.nb - 1) / j.nb);
     cpu_parallel(c, n_nb * j.n_tb, j.T * j.N * j.w.K, mm_task, &j);
     return CN_OK;
 }
@@ -135,6 +153,7 @@ typedef struct gather_job {
     int k;           /* ids per token */
     int x_per_token; /* x has T rows (1) or T*k rows (0) */
     int64_t N;
+    int64_t nb; /* weight rows per task */
     int n_nb;
     const int *order; /* output rows sorted by expert, stable */
     const gather_seg *segs;
@@ -146,8 +165,8 @@ static void gather_task(void *arg, int begin, int end) {
     const gather_job *j = arg;
     for (int i = begin; i < end; i++) {
         const gather_seg *s = &j->segs[i / j->n_nb];
-        int64_t n0 = (int64_t)(i % j->n_nb) * MM_NB;
-        int64_t n1 = n0 + MM_NB < j->N ? n0 + MM_NB : j->N;
+        int64_t n0 = (int64_t)(i % j->n_nb) * j->nb;
+        int64_t n1 = n0 + j->nb < j->N ? n0 + j->nb : j->N;
         cpu_wmat w = wmat_of(j->c, j->w[s->expert]);
         for (int p = s->begin; p < s->end; p += CPU_MM_ROWS) {
             const float *xr[CPU_MM_ROWS];
@@ -217,7 +236,8 @@ int cpu_matmul_gather(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, in
                     .xq = xq, .xq_bytes = xq_bytes};
     j.x_per_token = x->shape[0] == T; /* with k == 1 both readings agree */
     j.N = y->shape[1];
-    j.n_nb = (int)((j.N + MM_NB - 1) / MM_NB);
+    j.nb = rows_per_task(c, T, j.N);
+    j.n_nb = (int)((j.N + j.nb - 1) / j.nb);
     cpu_parallel(c, n_segs * j.n_nb, rows * j.N * x->shape[1], gather_task, &j);
     return CN_OK;
 }
