@@ -47,20 +47,6 @@ typedef struct att_args {
     float *part; /* split: [T*Hq][spans][Dh + 2] accumulator, then max and sum */
 } att_args;
 
-/* One step of the transposing butterfly: of the 2*O sums in p, this lane keeps the half its bit O
- * picks and adds the partner lane's copy of that half; after O = 16, 8, 4, 2, 1 p[0] is the
- * warp's total for key `lane`. */
-template <int O>
-__device__ __forceinline__ void att_fold(float (&p)[32], int lane) {
-    const bool up = (lane & O) != 0;
-#pragma unroll
-    for (int j = 0; j < O; j++) {
-        const float send = up ? p[j] : p[j + O];
-        const float keep = up ? p[j + O] : p[j];
-        p[j] = keep + __shfl_xor_sync(0xffffffffu, send, O);
-    }
-}
-
 template <int KD, int VD>
 __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(att_args a) {
     /* split: this block's span of keys; a span past a query's last key leaves an empty partial */
@@ -104,13 +90,9 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(att_args a) {
             }
             part[j] = dj;
         }
-        att_fold<16>(part, lane);
-        att_fold<8>(part, lane);
-        att_fold<4>(part, lane);
-        att_fold<2>(part, lane);
-        att_fold<1>(part, lane);
+        const float dot = cu_warp_sum32(part, lane); /* key `lane`'s score */
         const int64_t s = s0 + lane;
-        const float sc = s < n_keys ? part[0] * a.kscale * a.scale : -INFINITY;
+        const float sc = s < n_keys ? dot * a.kscale * a.scale : -INFINITY;
         const float cm = cu_warp_max(sc); /* finite: lane 0's key exists */
         const float mn = fmaxf(m, cm);
         const float corr = expf(m - mn); /* 0 on the first chunk */

@@ -33,7 +33,6 @@
 #define MM_TN 64       /* weight rows per tile */
 #define MM_TK 16       /* k per step of the tiled kernel */
 #define MM_THREADS 256
-#define MM_SPLIT 2     /* bf16 terms of an fp32 activation for tensor-core GEMMs */
 
 /* ---------------------------------------------------------------- GEMV: warp per weight row */
 
@@ -608,8 +607,7 @@ static int launch_tiled(cu_ctx *c, const mm_args &a, int tm, unsigned n_row_tile
 
 /* ---------------------------------------------------------------- dense */
 
-/* x (fp32 rows) -> MM_SPLIT bf16 terms, [MM_SPLIT][T, K] packed: x = t0 + t1 + O(2^-18 |x|),
- * each term the bf16 rounding of what the previous ones left (cuda_impl.h (4)). */
+/* declared in cuda_impl.h: the grouped GEMM and cuBLAS's dense path split the same way */
 __global__ void k_split_bf16(const char *__restrict__ x, int64_t xs, __nv_bfloat16 *__restrict__ out,
                              int64_t T, int64_t K) {
     const int64_t n = T * K;
@@ -618,7 +616,7 @@ __global__ void k_split_bf16(const char *__restrict__ x, int64_t xs, __nv_bfloat
         const int64_t t = i / K, k = i % K;
         float v = ((const float *)(x + t * xs))[k];
 #pragma unroll
-        for (int j = 0; j < MM_SPLIT; j++) {
+        for (int j = 0; j < CU_SPLIT; j++) {
             const __nv_bfloat16 h = __float2bfloat16_rn(v);
             out[j * n + i] = h;
             v -= __bfloat162float(h);
@@ -635,13 +633,13 @@ static int blas_rc(cublasStatus_t s, const char *what) {
 static int matmul_bf16_split(cu_ctx *c, cn_tensor *y, const cn_tensor *w, const cn_tensor *x) {
     const int64_t T = x->shape[0], K = x->shape[1], N = w->shape[0];
     __nv_bfloat16 *terms =
-        (__nv_bfloat16 *)cu_scratch(c, (size_t)(MM_SPLIT * T * K) * sizeof(__nv_bfloat16));
+        (__nv_bfloat16 *)cu_scratch(c, (size_t)(CU_SPLIT * T * K) * sizeof(__nv_bfloat16));
     if (!terms) return CN_ENOMEM;
     k_split_bf16<<<cu_blocks(T * K, 256), 256, 0, c->stream>>>((const char *)x->data, x->stride[0],
                                                                terms, T, K);
     int rc = cu_launch_check("matmul split");
     const float one = 1.0f, zero = 0.0f;
-    for (int j = 0; j < MM_SPLIT && !rc; j++)
+    for (int j = 0; j < CU_SPLIT && !rc; j++)
         rc = blas_rc(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)T, (int)K, &one,
                                   w->data, CUDA_R_16BF, (int)(w->stride[0] / 2), terms + j * T * K,
                                   CUDA_R_16BF, (int)K, j ? &one : &zero, y->data, CUDA_R_32F,

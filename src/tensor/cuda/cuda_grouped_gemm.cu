@@ -5,7 +5,7 @@
  * Promises: y = x W^T with W's values exact in bf16 (BF16 as stored; F8 E4M3 values; NVFP4 e2m1 x
  * E4M3 scale and MXFP8 e4m3 x E8M0 scale, exact products of at most 8 significant bits, except
  * an MXFP8 value below bf16's smallest subnormal 2^-133, which becomes 0) and x split into
- * GG_SPLIT bf16 terms (cuda_impl.h (4)); products summed in fp32 by mma.sync (m16n8k16). The
+ * CU_SPLIT bf16 terms (cuda_impl.h (4)); products summed in fp32 by mma.sync (m16n8k16). The
  * per-tensor scale (F8, NVFP4 global) multiplies each output once, as on the other paths.
  * Every output row is computed from its own x row and W alone, in a fixed order over k, so a
  * row's result does not depend on which rows share its tile or how a prompt was cut into
@@ -28,11 +28,10 @@
 #define GG_BN 128          /* weight rows (outputs) per CTA */
 #define GG_BK 32           /* k per shared-memory stage */
 #define GG_LDS (GG_BK + 8) /* bf16 per shared row: 80 bytes, so ldmatrix's 8 rows hit 32 banks */
-#define GG_SPLIT 2         /* bf16 terms of an fp32 activation */
 #define GG_STAGES 3        /* shared stages of x (and BF16 weights) in flight: cp.async */
 
 typedef struct gg_args {
-    const __nv_bfloat16 *xs; /* GG_SPLIT planes [xrows][K] */
+    const __nv_bfloat16 *xs; /* CU_SPLIT planes [xrows][K] */
     int64_t plane;           /* elements per plane */
     char *y;
     int64_t ys;
@@ -56,24 +55,6 @@ bool cu_gg_fits(cn_dtype dt, const cn_tensor *const *w, int n_w, int64_t K) {
         if ((dt == CN_NVFP4 || dt == CN_MXFP8) && !w[e]->block_scale) return false;
     }
     return true;
-}
-
-/* x (fp32 rows, any stride) -> GG_SPLIT bf16 planes [T][K]: x = t0 + t1 + r, each term the
- * bf16 rounding of what the previous ones left, so |r| <= 2^-18 |x|. */
-__global__ void k_gg_split(const char *__restrict__ x, int64_t xs, __nv_bfloat16 *__restrict__ out,
-                           int64_t T, int64_t K) {
-    const int64_t n = T * K;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t t = i / K, k = i % K;
-        float v = ((const float *)(x + t * xs))[k];
-#pragma unroll
-        for (int j = 0; j < GG_SPLIT; j++) {
-            const __nv_bfloat16 h = __float2bfloat16_rn(v);
-            out[j * n + i] = h;
-            v -= __bfloat162float(h);
-        }
-    }
 }
 
 /* The raw bytes of 16 consecutive weights of one row (and their block scale). */
@@ -173,7 +154,7 @@ __device__ __forceinline__ void gg_mma(float c[4], const unsigned a[4], const un
 }
 
 /* A BM x GG_BN tile of y on WM x WN warps, each (BM / WM) rows x (GG_BN / WN) outputs. Shared
- * memory (dynamic): two stages of the x planes [GG_SPLIT][BM][GG_LDS] and of the decoded weights
+ * memory (dynamic): two stages of the x planes [CU_SPLIT][BM][GG_LDS] and of the decoded weights
  * [GG_BN][GG_LDS]. */
 template <int DT, int BM, int WM, int WN>
 __global__ void __launch_bounds__(WM * WN * 32) k_gg(gg_args a) {
@@ -186,9 +167,9 @@ __global__ void __launch_bounds__(WM * WN * 32) k_gg(gg_args a) {
     constexpr bool WASYNC = DT == CN_BF16; /* weights copied as stored: cp.async like x */
     extern __shared__ __align__(16) unsigned char gg_smem[];
     typedef __nv_bfloat16 arow[GG_LDS];
-    arow *sa_ = (arow *)gg_smem;                /* [GG_STAGES][GG_SPLIT][BM] rows */
-    arow *sb_ = sa_ + GG_STAGES * GG_SPLIT * BM; /* [GG_STAGES or 2][GG_BN] rows */
-#define GG_SA(buf, j, r) sa_[((buf) * GG_SPLIT + (j)) * BM + (r)]
+    arow *sa_ = (arow *)gg_smem;                /* [GG_STAGES][CU_SPLIT][BM] rows */
+    arow *sb_ = sa_ + GG_STAGES * CU_SPLIT * BM; /* [GG_STAGES or 2][GG_BN] rows */
+#define GG_SA(buf, j, r) sa_[((buf) * CU_SPLIT + (j)) * BM + (r)]
 #define GG_SB(buf, n) sb_[(buf) * GG_BN + (n)]
     __shared__ int64_t yrow_[BM];
     __shared__ int xrow_[BM];
@@ -240,7 +221,7 @@ __global__ void __launch_bounds__(WM * WN * 32) k_gg(gg_args a) {
         for (int i = 0; i < AU; i++) {
             const int u = tid + i * THREADS;
 #pragma unroll
-            for (int j = 0; j < GG_SPLIT; j++) {
+            for (int j = 0; j < CU_SPLIT; j++) {
                 __nv_bfloat16 *dst = &GG_SA(st, j, u >> 2)[(u & 3) * 8];
                 if (aok[i]) gg_cp16(dst, ap[i] + j * a.plane + k0);
                 else *(uint4 *)dst = make_uint4(0, 0, 0, 0);
@@ -316,7 +297,7 @@ __global__ void __launch_bounds__(WM * WN * 32) k_gg(gg_args a) {
                 bf[2 * nb + 1][1] = r[3];
             }
 #pragma unroll
-            for (int j = GG_SPLIT - 1; j >= 0; j--) { /* the small term first */
+            for (int j = CU_SPLIT - 1; j >= 0; j--) { /* the small term first */
                 unsigned af[MI][4];
 #pragma unroll
                 for (int mi = 0; mi < MI; mi++)
@@ -353,7 +334,7 @@ __global__ void __launch_bounds__(WM * WN * 32) k_gg(gg_args a) {
 /* Dynamic shared memory of one k_gg CTA: GG_STAGES stages of x planes, and of weights (BF16)
  * or two of decoded weights (the other formats). */
 static constexpr size_t gg_smem_bytes(int dt, int bm) {
-    return (size_t)(GG_STAGES * GG_SPLIT * bm + (dt == CN_BF16 ? GG_STAGES : 2) * GG_BN) * GG_LDS *
+    return (size_t)(GG_STAGES * CU_SPLIT * bm + (dt == CN_BF16 ? GG_STAGES : 2) * GG_BN) * GG_LDS *
            sizeof(__nv_bfloat16);
 }
 
@@ -415,7 +396,7 @@ static gg_args gg_io(const __nv_bfloat16 *planes, size_t plane, cn_tensor *y, in
 
 static int gg_split(cu_ctx *c, const cn_tensor *x, __nv_bfloat16 *planes) {
     const int64_t T = x->shape[0], K = x->shape[1];
-    k_gg_split<<<cu_blocks(T * K, 256), 256, 0, c->stream>>>((const char *)x->data, x->stride[0],
+    k_split_bf16<<<cu_blocks(T * K, 256), 256, 0, c->stream>>>((const char *)x->data, x->stride[0],
                                                             planes, T, K);
     return cu_launch_check("matmul split (tensor cores)");
 }
@@ -424,7 +405,7 @@ int cu_gg_dense(cu_ctx *c, cn_tensor *y, const cn_tensor *w, const cn_tensor *x)
     const int64_t T = x->shape[0], K = x->shape[1], N = w->shape[0];
     if (T > INT32_MAX / 2 || N > INT32_MAX) return CN_EUNSUPPORTED;
     const size_t plane = (size_t)(T * K);
-    __nv_bfloat16 *planes = (__nv_bfloat16 *)cu_scratch(c, GG_SPLIT * plane * sizeof(__nv_bfloat16));
+    __nv_bfloat16 *planes = (__nv_bfloat16 *)cu_scratch(c, CU_SPLIT * plane * sizeof(__nv_bfloat16));
     if (!planes) return CN_ENOMEM;
     int rc = gg_split(c, x, planes);
     if (rc) return rc;
@@ -446,9 +427,9 @@ int cu_gg_gather(cu_ctx *c, cn_tensor *y, const cu_wexp *table, int n_w, cn_dtyp
     const int bm = rows <= 32 * (int64_t)n_w ? 32 : rows <= 64 * (int64_t)n_w ? 64 : 128;
     const int64_t max_tiles = (rows + bm - 1) / bm + n_w;
     if (max_tiles > 65535) return CN_EUNSUPPORTED;
-    /* scratch: planes [GG_SPLIT][xrows][K] bf16, then cnt [2 n_w], n_tiles, order [rows], tiles */
+    /* scratch: planes [CU_SPLIT][xrows][K] bf16, then cnt [2 n_w], n_tiles, order [rows], tiles */
     const size_t plane = (size_t)(xrows * K);
-    const size_t pbytes = (GG_SPLIT * plane * sizeof(__nv_bfloat16) + 255) & ~(size_t)255;
+    const size_t pbytes = (CU_SPLIT * plane * sizeof(__nv_bfloat16) + 255) & ~(size_t)255;
     const size_t n_int = ((size_t)(2 * n_w + 1) + (size_t)rows + 3) & ~(size_t)3;
     char *mem = (char *)cu_scratch(c, pbytes + n_int * sizeof(int) + (size_t)max_tiles * sizeof(cu_tile));
     if (!mem) return CN_ENOMEM;

@@ -137,6 +137,13 @@ static inline cu_ctx *cu_ctx_of(cn_backend *b) {
 
 /* Maps a CUDA error to a CN code and logs it (with `what`); cudaSuccess -> CN_OK. */
 int cu_check(cudaError_t e, const char *what);
+/* bf16 terms of an fp32 activation entering tensor cores (invariant 4). */
+#define CU_SPLIT 2
+/* x (fp32 rows, any stride) -> CU_SPLIT bf16 planes [CU_SPLIT][T][K] packed: x = t0 + t1 +
+ * O(2^-18 |x|), each term the bf16 rounding of what the previous ones left (cuda_gemm.cu). */
+__global__ void k_split_bf16(const char *__restrict__ x, int64_t xs, __nv_bfloat16 *__restrict__ out,
+                             int64_t T, int64_t K);
+
 /* The launch status of the last kernel (cudaGetLastError), mapped as cu_check. */
 int cu_launch_check(const char *what);
 /* Device scratch of at least `bytes` (256-byte aligned), or NULL (invariant 2). */
@@ -233,6 +240,24 @@ __device__ __forceinline__ float cu_warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
+}
+
+/* 32 per-lane partial sums v[j] (j = 0..31) reduced across the warp at once: each level halves
+ * the values a lane holds, keeping the half its lane bit selects and adding the partner lane's
+ * copy of it; 31 shuffles for all 32 sums instead of 5 per sum. Returns the warp's total of
+ * index `lane` (the order of additions is fixed, so callers get the same bits everywhere). */
+__device__ __forceinline__ float cu_warp_sum32(float (&v)[32], int lane) {
+#pragma unroll
+    for (int off = 16; off >= 1; off >>= 1) {
+        const bool upper = (lane & off) != 0;
+#pragma unroll
+        for (int j = 0; j < off; j++) {
+            const float send = upper ? v[j] : v[j + off];
+            const float keep = upper ? v[j + off] : v[j];
+            v[j] = keep + __shfl_xor_sync(0xffffffffu, send, off);
+        }
+    }
+    return v[0];
 }
 
 /* Calls F.template operator()<DT>() for a weight dtype; returns CN_EUNSUPPORTED for others. */

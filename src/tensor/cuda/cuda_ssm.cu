@@ -163,24 +163,6 @@ __global__ void __launch_bounds__(128) k_ssm_scan(scan_args a) {
 #define SCAN_WARPS 16 /* (h, p) rows per block, all of one head */
 #define SCAN_MIN_T 32 /* tokens from which a scan takes k_ssm_scan_chunked */
 
-/* The 32 per-lane partial sums v[j] of tokens j = 0..31 reduced across the warp at once: each
- * level halves the values a lane holds (keeping the half its lane bit selects, adding the other
- * half from its partner), 31 shuffles for all 32 tokens instead of 5 per token. Returns the sum
- * of token `lane`. */
-__device__ __forceinline__ float scan_reduce32(float v[SCAN_L], int lane) {
-#pragma unroll
-    for (int off = 16; off >= 1; off >>= 1) {
-        const bool upper = (lane & off) != 0;
-#pragma unroll
-        for (int j = 0; j < off; j++) {
-            const float send = upper ? v[j] : v[j + off];
-            const float keep = upper ? v[j + off] : v[j];
-            v[j] = keep + __shfl_xor_sync(0xffffffffu, send, off);
-        }
-    }
-    return v[0];
-}
-
 __device__ __forceinline__ void scan_cp4(float *dst, const float *src) {
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src));
@@ -191,7 +173,7 @@ __device__ __forceinline__ void scan_cp4(float *dst, const float *src) {
  * token. B and C of the head's group come through shared memory, SCAN_L tokens at a time, the
  * next chunk copied in (cp.async) while the current one is used; lane j holds token j's x and dt
  * factors (also fetched a chunk ahead) and hands them to the warp by shuffle; the chunk's y sums
- * are reduced together (scan_reduce32). Tokens past T enter as dA = 1 and dt x B = 0 (B zero):
+ * are reduced together (cu_warp_sum32). Tokens past T enter as dA = 1 and dt x B = 0 (B zero):
  * the state passes them unchanged. */
 template <int NPL>
 __global__ void __launch_bounds__(SCAN_WARPS * 32) k_ssm_scan_chunked(scan_args a) {
@@ -263,7 +245,7 @@ __global__ void __launch_bounds__(SCAN_WARPS * 32) k_ssm_scan_chunked(scan_args 
                 v[j] += s[i] * sC[j * NP + lane + 32 * i];
             }
         }
-        const float yv = scan_reduce32(v, lane);
+        const float yv = cu_warp_sum32(v, lane);
         if (live && t0 + lane < a.T)
             ((float *)(a.y + (t0 + lane) * a.ys))[(int64_t)h * a.P + p] = yv + Dh * xv;
         xv = xn;
