@@ -5,6 +5,7 @@
 
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,6 +80,15 @@ static inline double tu_rows_rel_err(cn_backend *b, const cn_tensor *x, const cn
     free(hx);
     free(hy);
     return e;
+}
+
+/* A random token id clear of the special ids (below 20, EOS among them), from a xorshift64
+ * state the test keeps (one fixed seed per test file, so its prompts repeat run to run). */
+static inline int32_t tu_rnd_token(uint64_t *rng, int V) {
+    *rng ^= *rng << 13;
+    *rng ^= *rng >> 7;
+    *rng ^= *rng << 17;
+    return (int32_t)(20 + *rng % (uint64_t)(V - 20));
 }
 
 /* The backend a model or cache test runs on: $CAIRN_BACKEND ("cpu" when unset; `make test-cuda`

@@ -39,12 +39,7 @@ typedef struct env {
 } env;
 
 static uint64_t g_rng = 0x9e3779b97f4a7c15ull;
-static int32_t rnd_token(int V) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (int32_t)(20 + g_rng % (uint64_t)(V - 20)); /* keep clear of special ids */
-}
+static int32_t rnd_token(int V) { return tu_rnd_token(&g_rng, V); }
 
 static void env_open_dir(env *v, const char *dir, int spacing, int chunk, uint64_t budget) {
     memset(v, 0, sizeof *v);

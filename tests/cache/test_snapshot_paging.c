@@ -29,12 +29,7 @@
 #define TOL 2e-5
 
 static uint64_t g_rng = 0x51ed2701f3a5c7b9ull;
-static int32_t rnd_token(int V) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (int32_t)(20 + g_rng % (uint64_t)(V - 20));
-}
+static int32_t rnd_token(int V) { return tu_rnd_token(&g_rng, V); }
 
 /* nh-mix-f32 on *b, or on a new backend of $CAIRN_BACKEND when *b is NULL. */
 static void open_model(cn_backend **b, cn_model **m) {

@@ -44,12 +44,7 @@ typedef struct env {
 } env;
 
 static uint64_t g_rng = 0x2545f4914f6cdd1dull;
-static int32_t rnd_token(int V) {
-    g_rng ^= g_rng << 13;
-    g_rng ^= g_rng >> 7;
-    g_rng ^= g_rng << 17;
-    return (int32_t)(20 + g_rng % (uint64_t)(V - 20)); /* clear of special ids (EOS: 2, 11) */
-}
+static int32_t rnd_token(int V) { return tu_rnd_token(&g_rng, V); }
 
 static void open_engine(env *v, cn_engine **e, int chunk, int depth, int fixed, int no_spec, int no_cache) {
     cn_err err;
