@@ -54,6 +54,10 @@ typedef struct cpu_wmat {
 
 /* Most x rows one matmul tile takes (each weight row loaded once is used for all of them). */
 #define CPU_MM_ROWS 4
+/* Weight rows of a prefill task (16 rows of K <= 4096 bf16 stay in L2 across row groups). A tile
+ * given more rows is one of a short matmul's tasks (at most CPU_MM_ROWS x rows: decode, a
+ * speculative verify) and walks them as streams of consecutive rows (cpu_matmul.c). */
+#define CPU_MM_NB 16
 
 /* One attention task of the vectorised path: hb query heads that share one kv head, one query,
  * keys [s0, s1). Cache row s of that kv head starts at k0 + s * k_stride (v0 likewise). Writes the

@@ -397,7 +397,7 @@ A5_IN void a5_block(int dt, int R, int NR, const cpu_wmat *w, const float *const
         for (int j = 0; j < NR; j++) {
             /* a line at a time; for R = 1 the next bytes of the stream run on into the row
              * that follows in memory, which is this stream's next row */
-            if (R <= 2 && (k * esz) % 64 == 0) _mm_prefetch(wr[j] + k * esz + 1024, _MM_HINT_T0);
+            if ((R <= 2 || step != 1) && (k * esz) % 64 == 0) _mm_prefetch(wr[j] + k * esz + 1024, _MM_HINT_T0);
             wv[j] = a5_load(dt, wr[j], k);
         }
 #pragma GCC unroll 4
@@ -416,10 +416,10 @@ A5_IN void a5_block(int dt, int R, int NR, const cpu_wmat *w, const float *const
                                 acc[(i + 4) / NR][(i + 4) % NR], acc[(i + 5) / NR][(i + 5) % NR],
                                 acc[(i + 6) / NR][(i + 6) % NR], acc[(i + 7) / NR][(i + 7) % NR]);
             v = _mm256_mul_ps(v, sc);
-            if (NR == 8 && step != 1) {
+            if (step != 1) { /* streams: column j of this block is output n + j * step */
                 _Alignas(32) float t[8];
                 _mm256_store_ps(t, v);
-                for (int jj = 0; jj < 8; jj++) yr[i / NR][n + jj * step] = t[jj];
+                for (int jj = 0; jj < 8; jj++) yr[(i + jj) / NR][n + (i + jj) % NR * step] = t[jj];
             } else if (NR == 8) {
                 _mm256_storeu_ps(yr[i / NR] + n, v);
             } else { /* NR == 4 */
@@ -438,9 +438,30 @@ A5_IN void a5_block(int dt, int R, int NR, const cpu_wmat *w, const float *const
         }
 }
 
+/* Decode's walk (header): NR streams of B consecutive weight rows each, so that the hardware
+ * prefetchers keep streaming; the R x rows (1 to 4: decode, a speculative verify) share every
+ * weight load, and 32 registers hold R * NR sums. */
+A5_IN void a5_stream(int dt, int R, const cpu_wmat *w, const float *const *xr, float *const *yr,
+                     int64_t n0, int64_t n1) {
+    const int NR = R <= 2 ? 8 : 4;
+    const int64_t B = (n1 - n0) / NR;
+    for (int64_t r = 0; r < B; r++) a5_block(dt, R, NR, w, xr, yr, n0 + r, B);
+    int64_t n = n0 + NR * B;
+    for (; n + 4 <= n1; n += 4) a5_block(dt, R, 4, w, xr, yr, n, 1);
+    for (; n < n1; n++) a5_block(dt, R, 1, w, xr, yr, n, 1);
+}
+
 A5_IN void a5_tile_dt(int dt, const cpu_wmat *w, const float *const *xr, float *const *yr, int R,
                       int64_t n0, int64_t n1) {
     int64_t n = n0;
+    if (n1 - n0 > CPU_MM_NB) { /* one task of a short matmul's (cpu_matmul.c) */
+        switch (R) {
+        case 4: a5_stream(dt, 4, w, xr, yr, n0, n1); return;
+        case 3: a5_stream(dt, 3, w, xr, yr, n0, n1); return;
+        case 2: a5_stream(dt, 2, w, xr, yr, n0, n1); return;
+        default: a5_stream(dt, 1, w, xr, yr, n0, n1); return;
+        }
+    }
     switch (R) {
     case 4:
         for (; n + 4 <= n1; n += 4) a5_block(dt, 4, 4, w, xr, yr, n, 1);
@@ -450,19 +471,12 @@ A5_IN void a5_tile_dt(int dt, const cpu_wmat *w, const float *const *xr, float *
         for (; n + 4 <= n1; n += 4) a5_block(dt, 3, 4, w, xr, yr, n, 1);
         for (; n < n1; n++) a5_block(dt, 3, 1, w, xr, yr, n, 1);
         break;
-    case 2: /* a speculative verify's shape: a stream of weight rows, like decode's */
+    case 2:
         for (; n + 8 <= n1; n += 8) a5_block(dt, 2, 8, w, xr, yr, n, 1);
         for (; n + 4 <= n1; n += 4) a5_block(dt, 2, 4, w, xr, yr, n, 1);
         for (; n < n1; n++) a5_block(dt, 2, 1, w, xr, yr, n, 1);
         break;
-    default: { /* decode: 8 streams of B consecutive rows each (header) */
-        const int64_t B = (n1 - n0) / 8;
-        for (int64_t r = 0; r < B; r++) a5_block(dt, 1, 8, w, xr, yr, n0 + r, B);
-        n = n0 + 8 * B;
-        for (; n + 4 <= n1; n += 4) a5_block(dt, 1, 4, w, xr, yr, n, 1);
-        for (; n < n1; n++) a5_block(dt, 1, 1, w, xr, yr, n, 1);
-        break;
-    }
+    default: a5_stream(dt, 1, w, xr, yr, n0, n1); break;
     }
 }
 

@@ -4,10 +4,11 @@
  * call per expert (gathered, up to MM_TB rows at a time), and each weight row once per
  * CPU_MM_ROWS x rows inside that; work is split over (weight block, row block) tasks, and every
  * output is computed the same way whatever task holds it, so results are bit-identical for any
- * n_threads (cpu_impl.h (3)). One x row (decode) takes weight blocks of about an eighth of a
- * thread's share (rows_per_task): its tile streams 8 runs of consecutive rows at once, and runs
- * of a few hundred rows keep the hardware prefetchers streaming where 16-row blocks restarted
- * them every 2 rows.
+ * n_threads (cpu_impl.h (3)). Up to CPU_MM_ROWS x rows (decode, a speculative verify) take
+ * weight blocks of about an eighth of a thread's share (rows_per_task): their tile streams 8 (or
+ * 4) runs of consecutive rows at once, and runs of a few hundred rows keep the hardware
+ * prefetchers streaming where 16-row blocks restarted them every 2 rows: a verify of two rows
+ * reads its weights at decode's rate instead of at half of it.
  * Index tensors are checked before anything is written: an id out of range gives CN_EINVAL.
  * NVFP4 weights read activations quantized once per call into the backend's scratch (cpu_impl.h:
  * CPU_XQ layout), so the per-token path allocates nothing once the scratch has grown.
@@ -18,9 +19,8 @@
 #include "base/error.h"
 #include "tensor/cpu/cpu_impl.h"
 
-#define MM_NB 16 /* weight rows per task: 16 rows of K <= 4096 bf16 stay in L2 across row groups */
 #define MM_TB 64 /* x rows per task */
-#define MM_NB_DECODE 1024 /* one x row: weight rows per task at most */
+#define MM_NB_SHORT 1024 /* up to CPU_MM_ROWS x rows: weight rows per task at most */
 
 static cpu_wmat wmat_of(const cpu_ctx *c, const cn_tensor *w) {
     cpu_wmat m;
@@ -41,15 +41,15 @@ static cpu_wmat wmat_of(const cpu_ctx *c, const cn_tensor *w) {
     return m;
 }
 
-/* Weight rows per task: MM_NB, or for one x row N / (8 n_threads) rounded down to a multiple of
- * 8, within [MM_NB, MM_NB_DECODE]: 8 tasks a thread (the pool's claims even them out) and the
+/* Weight rows per task: CPU_MM_NB, or for up to CPU_MM_ROWS x rows N / (8 n_threads) rounded down to a multiple of
+ * 8, within [CPU_MM_NB, MM_NB_SHORT]: 8 tasks a thread (the pool's claims even them out) and the
  * longest runs that allows. */
 static int64_t rows_per_task(const cpu_ctx *c, int64_t T, int64_t N) {
-    if (T != 1) return MM_NB;
+    if (T > CPU_MM_ROWS) return CPU_MM_NB;
     int64_t nb = N / (8 * (int64_t)c->n_threads);
-    if (nb > MM_NB_DECODE) nb = MM_NB_DECODE;
+    if (nb > MM_NB_SHORT) nb = MM_NB_SHORT;
     nb &= ~(int64_t)7;
-    return nb > MM_NB ? nb : MM_NB;
+    return nb > CPU_MM_NB ? nb : CPU_MM_NB;
 }
 
 /* ---- NVFP4 activations ---- */
