@@ -1,9 +1,9 @@
 # Thin wrapper over CMake: `make` builds build/cairn, `make test` runs every test plainly and
 # under AddressSanitizer + UndefinedBehaviorSanitizer (never the GPU tests), `make test-cuda` builds
 # build-cuda with the CUDA backend and runs the GPU tests on a machine that has one,
-# `make run` serves the default model (models/pebble, committed; MODEL=DIR for another).
+# `make run` serves the default model (models/cobble, committed; MODEL=DIR for another).
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
-MODEL ?= models/pebble
+MODEL ?= models/cobble
 
 .PHONY: all build asan cuda test test-plain test-asan test-cuda run clean
 

@@ -57,11 +57,11 @@ uint64_t cn_cli_dev_budget(uint64_t flag, const cn_backend *b);
 
 /* The model `run` and `serve` open when --model is not given, into buf[0..n):
  *   1. $CAIRN_MODEL, when set and non-empty (used as it is, even if missing: the open names it);
- *   2. models/pebble under the current directory, when it holds a config.json;
- *   3. models/pebble beside the folder of the running binary (build/cairn -> ../models/pebble),
+ *   2. models/cobble under the current directory, when it holds a config.json;
+ *   3. models/cobble beside the folder of the running binary (build/cairn -> ../models/cobble),
  *      so the repository's own binary finds it from any directory.
  * Returns 0 with buf set, or CN_ENOENT after saying on stderr where it looked. */
-#define CN_CLI_DEFAULT_MODEL "models/pebble"
+#define CN_CLI_DEFAULT_MODEL "models/cobble"
 int cn_cli_default_model(char *buf, size_t n);
 
 #endif

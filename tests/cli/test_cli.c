@@ -234,7 +234,7 @@ static void test_generate_speculate(void **st) {
     free(o);
     /* --chat: prompts from chat requests, rendered by the model's template (the trained model,
      * whose head drafts its own text almost always right at depth 1) */
-    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s bench --speculate --model %s/../../models/pebble --chat "
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s bench --speculate --model %s/../../models/cobble --chat "
                          "%s/../../tools/train/bench_chats.jsonl --depth 1 --reps 2 --json 2>/dev/null",
                          tu_cairn_bin(), tu_data_dir(), tu_data_dir()), 0);
     j = cJSON_Parse(o);
@@ -246,7 +246,7 @@ static void test_generate_speculate(void **st) {
     free(o);
     /* without --chat a model with a template gets the built-in chat requests, so the issue's plain
      * command measures the head on text of its kind; --random asks for random ids */
-    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s bench --speculate --model %s/../../models/pebble --depth 1 --reps 3 --tokens 64 "
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s bench --speculate --model %s/../../models/cobble --depth 1 --reps 3 --tokens 64 "
                          "--json 2>/dev/null", tu_cairn_bin(), tu_data_dir()), 0);
     j = cJSON_Parse(o);
     assert_non_null(j);
@@ -257,7 +257,7 @@ static void test_generate_speculate(void **st) {
     assert_true(cJSON_IsTrue(cJSON_GetObjectItem(j, "identical")));
     cJSON_Delete(j);
     free(o);
-    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s bench --speculate --model %s/../../models/pebble --random --depth 1 --reps 1 "
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s bench --speculate --model %s/../../models/cobble --random --depth 1 --reps 1 "
                          "--tokens 16 --prompt 8 --json 2>/dev/null", tu_cairn_bin(), tu_data_dir()), 0);
     j = cJSON_Parse(o);
     assert_non_null(j);
@@ -273,7 +273,7 @@ static void test_generate_speculate(void **st) {
     assert_non_null(f);
     fputs("{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n\n{\"messages\": 3}\n", f);
     fclose(f);
-    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s bench --speculate --model %s/../../models/pebble --chat %s", tu_cairn_bin(), tu_data_dir(), bad), 1);
+    assert_int_equal(tu_sh(g_tmp, 1, &o, "%s bench --speculate --model %s/../../models/cobble --chat %s", tu_cairn_bin(), tu_data_dir(), bad), 1);
     assert_non_null(strstr(o, "bad_chats.jsonl:3"));
     free(o);
     free(ids);

@@ -85,23 +85,23 @@ static void test_usage(void **st) {
     free(e);
     assert_int_equal(run(NULL, NULL, &e, "%s run --model %s one two", tu_cairn_bin(), g_model), 2);
     free(e);
-    /* no --model, no CAIRN_MODEL, no models/pebble where it runs nor beside the binary (a copy
+    /* no --model, no CAIRN_MODEL, no models/cobble where it runs nor beside the binary (a copy
      * of it in a scratch folder): the message says what to pass */
     assert_int_equal(run(NULL, NULL, &e, "mkdir -p '%s/bin' && cp %s '%s/bin/cairn' && cd '%s' && "
                          "env -u CAIRN_MODEL ./bin/cairn run hi", g_tmp, tu_cairn_bin(), g_tmp, g_tmp), 2);
     assert_non_null(strstr(e, "--model"));
     assert_non_null(strstr(e, "CAIRN_MODEL"));
-    assert_non_null(strstr(e, "models/pebble"));
+    assert_non_null(strstr(e, "models/cobble"));
     free(e);
     /* CAIRN_MODEL is used as given: a missing folder is an error naming it */
     assert_int_equal(run(NULL, NULL, &e, "cd '%s' && CAIRN_MODEL='%s/absent' %s run hi", g_tmp, g_tmp, tu_cairn_bin()), 1);
     assert_non_null(strstr(e, "absent"));
     free(e);
-    /* from another folder, the repository's binary finds models/pebble beside its build folder */
+    /* from another folder, the repository's binary finds models/cobble beside its build folder */
     char *o0 = NULL;
     assert_int_equal(run(NULL, &o0, &e, "cd '%s' && env -u CAIRN_MODEL %s run --json --max-tokens 2 hi",
                          g_tmp, tu_cairn_bin()), 0);
-    assert_non_null(strstr(o0, "\"model\":\"pebble\""));
+    assert_non_null(strstr(o0, "\"model\":\"cobble\""));
     free(o0);
     free(e);
     assert_int_equal(run(NULL, NULL, &e, "%s run --model %s/none hi", tu_cairn_bin(), g_tmp), 1);

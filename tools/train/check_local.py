@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
-"""check_local.py - what pebble was trained on is what cairn feeds it, checked without a GPU.
+"""check_local.py - what cobble was trained on is what cairn feeds it, checked without a GPU.
 
   1. data.py's targets: for N conversations of each split, the generation prompt plus the
      completion the model learned equals the chat template's own rendering of the finished turn
      (jinja2, as transformers renders it);
   2. the renderer: `cairn render` gives the same bytes as data.py's jinja2 rendering for those
      conversations (thinking on and off, tools, tool responses, multi-turn history);
-  3. the tokenizer: `cairn tokenize --model models/pebble` gives the ids Hugging Face tokenizers
+  3. the tokenizer: `cairn tokenize --model models/cobble` gives the ids Hugging Face tokenizers
      gave at training time for tok_sample.json (rendered held-out conversations and odd text).
 
-    python3 tools/train/check_local.py [--bin build/cairn] [--model models/pebble] [--n 40]
+    python3 tools/train/check_local.py [--bin build/cairn] [--model models/cobble] [--n 40]
 Exit 0 when all agree, 1 with the first difference printed, 77 when jinja2 is missing.
 """
 import argparse
@@ -27,7 +27,7 @@ import data  # noqa: E402
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bin", default=os.environ.get("CAIRN_BIN", os.path.join(ROOT, "build", "cairn")))
-    ap.add_argument("--model", default=os.path.join(ROOT, "models", "pebble"))
+    ap.add_argument("--model", default=os.path.join(ROOT, "models", "cobble"))
     ap.add_argument("--n", type=int, default=40)
     args = ap.parse_args()
     try:

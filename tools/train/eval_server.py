@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""eval_server.py - pebble's held-out accuracy through the real server and its output parser.
+"""eval_server.py - cobble's held-out accuracy through the real server and its output parser.
 
 Starts `cairn serve --model DIR --port 0 --json`, sends held-out conversations of data.py (never
 trained on) to /v1/chat/completions with greedy sampling, thinking on or off as each conversation
@@ -10,7 +10,7 @@ asks, and scores what the server's parser returns:
     (required keys present, no unknown keys, types and enums respected); exact when the arguments
     also equal the expected ones.
 
-    python3 tools/train/eval_server.py [--model models/pebble] [--n 300] [--bin build/cairn]
+    python3 tools/train/eval_server.py [--model models/cobble] [--n 300] [--bin build/cairn]
 Prints one line per category and a JSON summary on the last line. Pure standard library.
 """
 import argparse
@@ -78,7 +78,7 @@ def score(ex, msg):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default=os.path.join(ROOT, "models", "pebble"))
+    ap.add_argument("--model", default=os.path.join(ROOT, "models", "cobble"))
     ap.add_argument("--bin", default=os.path.join(ROOT, "build", "cairn"))
     ap.add_argument("--n", type=int, default=300)
     ap.add_argument("--seed", type=int, default=1)
@@ -95,7 +95,7 @@ def main():
         t0 = time.time()
         for i in range(args.n):
             ex = data.example(args.seed, i, "heldout")
-            body = dict(ex["request"], model="pebble", temperature=0, max_tokens=400)
+            body = dict(ex["request"], model="cobble", temperature=0, max_tokens=400)
             msg = post(url, body)["choices"][0]["message"]
             cat, exact, ok = score(ex, msg)
             mode = "think" if ex["think"] else "no_think"

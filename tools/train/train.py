@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""train.py - trains pebble, cairn's default model: a small NemotronH (Mamba2 + attention + MoE)
-with one MTP block, and its byte-level BPE tokenizer, on the conversations of data.py.
+"""train.py - trains cobble, cairn's default model (or pebble, the first one: --model): a small
+NemotronH (Mamba2 + attention + MoE) with one MTP block, and its byte-level BPE tokenizer, on the
+conversations of data.py.
 
 Runs on one GPU with torch and tokenizers (the H200 machine; see README.md here):
 
-    PYTHONUNBUFFERED=1 python3 tools/train/train.py --out OUTDIR --minutes 7.5
+    PYTHONUNBUFFERED=1 python3 tools/train/train.py --out OUTDIR --minutes 10.5
 
 Steps: generate the training conversations (data.py, in parallel), train the tokenizer on them
 (special tokens at the Nemotron 3 ids), train the model until the time budget is spent (learning
@@ -42,14 +43,29 @@ SPECIALS = ["<unk>", "<s>", "</s>"] + [f"<SPECIAL_{i}>" for i in range(3, 10)] +
     "<tool_response>", "</tool_response>"]
 IM_END = 11
 
-CONFIG = dict(
-    vocab_size=2048, hidden_size=256, hybrid_override_pattern="MEMEM*EMEMEM*E",
-    num_attention_heads=8, num_key_value_heads=2, head_dim=32,
-    mamba_num_heads=16, mamba_head_dim=32, n_groups=2, ssm_state_size=32, conv_kernel=4, chunk_size=64,
-    n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=256, n_shared_experts=1,
-    moe_shared_expert_intermediate_size=384, routed_scaling_factor=2.5, norm_topk_prob=True,
-    n_group=1, topk_group=1, layer_norm_epsilon=1e-5,
+# The shapes this script trains (--model). pebble: the first default, compute-bound in the CPU's
+# caches (a speculative verify of two rows costs ~1.4 plain steps there). cobble: the default, wide
+# enough that a decode step streams its weights from memory, so a verify of two rows costs about
+# one step and the MTP head's drafts pay (issue 9), at ~49 MB of BF16.
+CONFIGS = dict(
+    pebble=dict(
+        vocab_size=2048, hidden_size=256, hybrid_override_pattern="MEMEM*EMEMEM*E",
+        num_attention_heads=8, num_key_value_heads=2, head_dim=32,
+        mamba_num_heads=16, mamba_head_dim=32, n_groups=2, ssm_state_size=32, conv_kernel=4, chunk_size=64,
+        n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=256, n_shared_experts=1,
+        moe_shared_expert_intermediate_size=384, routed_scaling_factor=2.5, norm_topk_prob=True,
+        n_group=1, topk_group=1, layer_norm_epsilon=1e-5,
+    ),
+    cobble=dict(
+        vocab_size=2048, hidden_size=512, hybrid_override_pattern="MEM*EMEM*E",
+        num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+        mamba_num_heads=16, mamba_head_dim=64, n_groups=2, ssm_state_size=64, conv_kernel=4, chunk_size=64,
+        n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=192, n_shared_experts=1,
+        moe_shared_expert_intermediate_size=1024, routed_scaling_factor=2.5, norm_topk_prob=True,
+        n_group=1, topk_group=1, layer_norm_epsilon=1e-5,
+    ),
 )
+CONFIG = CONFIGS["cobble"]
 
 
 def log(*a):
@@ -279,8 +295,9 @@ class MTP(nn.Module):
         s.final_layernorm = nn.Parameter(torch.ones(H))
 
     def forward(s, hn, e):
+        """The block's output before its final norm: what cairn feeds back to draft further ahead."""
         x = s.eh_proj(torch.cat([rms(e, s.enorm), rms(hn, s.hnorm)], -1))
-        return rms(s.moe(s.attn(x)), s.final_layernorm)
+        return s.moe(s.attn(x))
 
 
 class Model(nn.Module):
@@ -305,13 +322,17 @@ class Model(nn.Module):
             h = blk(h)
         return rms(h, s.norm_f)
 
-    def forward(s, ids, mtp=True):
+    def forward(s, ids, mtp=1):
+        """Logits, and the MTP head's logits at each of `mtp` depths: depth d (0-based) at position i
+        predicts token i + 2 + d; depth d > 0 runs the head on its own depth d - 1 output with the
+        embedding of token i + 1 + d, as cairn drafts a second token (engine/speculate.c)."""
         hn = s.hidden(ids)
         logits = s.lm_head(hn)
-        if not mtp:
-            return logits, None
-        m = s.mtp(hn[:, :-1], s.embeddings(ids[:, 1:]))
-        return logits, s.lm_head(m)
+        outs, h = [], hn
+        for d in range(mtp):
+            h = s.mtp(h[:, :-1], s.embeddings(ids[:, d + 1:]))
+            outs.append(s.lm_head(rms(h, s.mtp.final_layernorm)))
+        return logits, outs
 
     def moes(s):
         return [m for m in s.modules() if isinstance(m, MoE)]
@@ -450,7 +471,7 @@ def greedy(model, ids, n_max, chunk):
         x = torch.zeros(1, L, dtype=torch.long, device="cuda")
         x[0, :len(ids)] = torch.tensor(ids)
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            lg, _ = model(x, mtp=False)
+            lg, _ = model(x, mtp=0)
         t = int(lg[0, len(ids) - 1].argmax())
         out.append(t)
         ids.append(t)
@@ -466,11 +487,17 @@ def main():
     ap.add_argument("--n-train", type=int, default=400000)
     ap.add_argument("--tokens-per-batch", type=int, default=65536)
     ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--model", default="cobble", choices=sorted(CONFIGS), help="the shape to train")
     ap.add_argument("--mtp-weight", type=float, default=0.5)
+    ap.add_argument("--mtp2-weight", type=float, default=0.25,
+                    help="loss weight of the head's second draft (its own output fed back); 0: off")
     ap.add_argument("--max-len", type=int, default=640)
     ap.add_argument("--n-check", type=int, default=24)
     ap.add_argument("--seed", type=int, default=1)
     args = ap.parse_args()
+    global CONFIG
+    CONFIG = CONFIGS[args.model]
+    mtp_depth = 2 if args.mtp2_weight > 0 else 1
     t0 = time.time()
     torch.manual_seed(args.seed)
     torch.backends.cuda.matmul.allow_tf32 = True
@@ -517,13 +544,18 @@ def main():
         ids, comp = to_tensors(ex, batches[bi], chunk, "cuda")
         bi += 1
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            lg, lm = model(ids)
+            lg, lms = model(ids, mtp=mtp_depth)
+        lm = lms[0]
         tgt = ids[:, 1:]
         m1 = comp[:, 1:]
         l1 = F.cross_entropy(lg[:, :-1].float()[m1], tgt[m1])
         m2 = comp[:, 2:]
         l2 = F.cross_entropy(lm[:, :-1].float()[m2], ids[:, 2:][m2])
         loss = l1 + args.mtp_weight * l2
+        if mtp_depth > 1:
+            m3 = comp[:, 3:]
+            l3 = F.cross_entropy(lms[1][:, :-1].float()[m3], ids[:, 3:][m3])
+            loss = loss + args.mtp2_weight * l3
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -536,14 +568,16 @@ def main():
             with torch.no_grad():
                 a1 = (lg[:, :-1].argmax(-1)[m1] == tgt[m1]).float().mean()
                 a2 = (lm[:, :-1].argmax(-1)[m2] == ids[:, 2:][m2]).float().mean()
+                a3 = ((lms[1][:, :-1].argmax(-1)[m3] == ids[:, 3:][m3]).float().mean() if mtp_depth > 1
+                      else torch.zeros(()))
                 imb = max(float(m.load.max() / m.load.mean()) for m in moes)
             log(f"step {step} ep {epoch} t {el:.0f}s lr {lr:.2e} loss {l1.item():.4f} mtp {l2.item():.4f} "
-                f"acc {a1.item():.4f} mtp_acc {a2.item():.4f} max_load/mean {imb:.2f} "
+                f"acc {a1.item():.4f} mtp_acc {a2.item():.4f} mtp2_acc {a3.item():.4f} max_load/mean {imb:.2f} "
                 f"batch {tuple(ids.shape)}")
         step += 1
     log(f"trained {step} steps in {time.time() - t_start:.0f}s ({epoch} epochs + {bi} batches)")
     model.eval()
-    total = export(model, tok, template, os.path.join(args.out, "pebble"))
+    total = export(model, tok, template, os.path.join(args.out, args.model))
     log(f"exported {total / 1e6:.1f} MB of weights")
 
     # tokenizer sample for `cairn tokenize`, and greedy held-out checks
@@ -563,17 +597,20 @@ def main():
         hx = [data.example(args.seed, i, "heldout") for i in range(200)]
         henc = encode_pairs(tok, [(data.render(e["request"]), data.completion(e)) for e in hx])
         hex_, hb = make_batches(henc, 4096, 65536, chunk, rs)
-        c1 = c2 = n1 = n2 = 0
+        c1 = c2 = c3 = n1 = n2 = n3 = 0
         for b in hb:
             ids, comp = to_tensors(hex_, b, chunk, "cuda")
             with torch.autocast("cuda", dtype=torch.bfloat16):
-                lg, lm = model(ids)
-            m1, m2 = comp[:, 1:], comp[:, 2:]
+                lg, lms = model(ids, mtp=2)
+            m1, m2, m3 = comp[:, 1:], comp[:, 2:], comp[:, 3:]
             c1 += int((lg[:, :-1].argmax(-1)[m1] == ids[:, 1:][m1]).sum())
             n1 += int(m1.sum())
-            c2 += int((lm[:, :-1].argmax(-1)[m2] == ids[:, 2:][m2]).sum())
+            c2 += int((lms[0][:, :-1].argmax(-1)[m2] == ids[:, 2:][m2]).sum())
             n2 += int(m2.sum())
-        log(f"held-out teacher-forced token accuracy: main {c1 / n1:.4f}, mtp (next-next) {c2 / n2:.4f}")
+            c3 += int((lms[1][:, :-1].argmax(-1)[m3] == ids[:, 3:][m3]).sum())
+            n3 += int(m3.sum())
+        log(f"held-out teacher-forced token accuracy: main {c1 / n1:.4f}, mtp (next-next) {c2 / n2:.4f}, "
+            f"mtp fed back (3 ahead) {c3 / n3:.4f}")
         for i in range(args.n_check):
             e = hx[i]
             p = tok.encode(data.render(e["request"])).ids

@@ -1,8 +1,8 @@
-/* test_pebble.c - the committed default model (models/pebble) answers held-out conversations
+/* test_default_model.c - the committed default model (models/cobble) answers held-out conversations
  * exactly, through the whole text path: chat request -> renderer -> tokenizer -> engine (greedy,
  * with and without MTP speculation) -> detokenizer.
  *
- * tests/data/pebble/heldout.json holds the first held-out conversation of seven (task, thinking)
+ * tests/data/default_model/heldout.json holds the first held-out conversation of seven (task, thinking)
  * pairs of tools/train/data.py (seed 1), never seen in training, each with the completion the
  * chat template expects after the generation prompt, up to its closing `<|im_end|>`. A change to the
  * forward pass, the MTP head, the tokenizer, the renderer or the weights shows up here as a
@@ -34,7 +34,7 @@ static fixture g_f;
 static int setup(void **state) {
     (void)state;
     char dir[600], path[700];
-    snprintf(dir, sizeof dir, "%s/../../models/pebble", tu_data_dir());
+    snprintf(dir, sizeof dir, "%s/../../models/cobble", tu_data_dir());
     g_f.b = tu_backend(0);
     if (!g_f.b) return -1;
     cn_err err;
@@ -48,7 +48,7 @@ static int setup(void **state) {
         fprintf(stderr, "text %s: %s\n", dir, err.msg);
         return -1;
     }
-    snprintf(path, sizeof path, "%s/pebble/heldout.json", tu_data_dir());
+    snprintf(path, sizeof path, "%s/default_model/heldout.json", tu_data_dir());
     char *s = tu_read_file(path, NULL);
     if (!s) return -1;
     g_f.cases = cJSON_Parse(s);
