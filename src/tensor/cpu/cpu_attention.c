@@ -397,11 +397,22 @@ AT_IN void at_step(const cpu_att_args *a, at_state *st, int64_t s, int HB,
     __m512 m = _mm512_load_ps(st->m);
     __m512d l0 = _mm512_load_pd(st->l), l1 = _mm512_load_pd(st->l + 8);
     const int nk = a->s1 - s < ATT_VK ? (int)(a->s1 - s) : ATT_VK;
+    /* fp32 rows of whole vectors with scale 1 are read where they lie (the same values a
+     * decoded copy would hold); others are decoded into kf, vf */
+    const int k_direct = a->kdt == CN_F32 && a->kscale == 1.0f && DP == Dh;
+    const int v_direct = a->vdt == CN_F32 && a->vscale == 1.0f && DP == Dh;
+    const float *kr[ATT_VK], *vr[ATT_VK];
     for (int i = 0; i < nk; i++) {
-        at_row(a->kdt, a->k0 + (s + i) * a->k_stride, Dh, DP, a->kscale, kf[i]);
-        at_row(a->vdt, a->v0 + (s + i) * a->v_stride, Dh, DP, a->vscale, vf[i]);
+        const char *krow = a->k0 + (s + i) * a->k_stride, *vrow = a->v0 + (s + i) * a->v_stride;
+        if (k_direct) kr[i] = (const float *)krow;
+        else at_row(a->kdt, krow, Dh, DP, a->kscale, kf[i]), kr[i] = kf[i];
+        if (v_direct) vr[i] = (const float *)vrow;
+        else at_row(a->vdt, vrow, Dh, DP, a->vscale, vf[i]), vr[i] = vf[i];
     }
-    for (int i = nk; i < ATT_VK; i++) memset(kf[i], 0, (size_t)DP * sizeof(float));
+    for (int i = nk; i < ATT_VK; i++) {
+        memset(kf[i], 0, (size_t)DP * sizeof(float));
+        kr[i] = kf[i];
+    }
     /* scores of the ATT_VK keys, each a vector over the heads */
     __m512 sc[ATT_VK];
 #pragma GCC unroll 16
@@ -433,7 +444,7 @@ AT_IN void at_step(const cpu_att_args *a, at_state *st, int64_t s, int HB,
         const __m512 qv = _mm512_load_ps(st->qT[d]);
 #pragma GCC unroll 16
         for (int i = 0; i < ATT_VK; i++)
-            sc[i] = _mm512_fmadd_ps(qv, _mm512_set1_ps(kf[i][d]), sc[i]);
+            sc[i] = _mm512_fmadd_ps(qv, _mm512_set1_ps(kr[i][d]), sc[i]);
     }
     __m512 cm = m;
     for (int i = 0; i < nk; i++) cm = _mm512_max_ps(cm, sc[i]);
@@ -466,7 +477,7 @@ AT_IN void at_step(const cpu_att_args *a, at_state *st, int64_t s, int HB,
 #pragma GCC unroll 16
         for (int h = 0; h < HB; h++) acc[h] = _mm512_load_ps(st->o[h] + d);
         for (int i = 0; i < nk; i++) {
-            const __m512 vv = _mm512_load_ps(vf[i] + d);
+            const __m512 vv = _mm512_loadu_ps(vr[i] + d);
 #pragma GCC unroll 16
             for (int h = 0; h < HB; h++)
                 acc[h] = _mm512_fmadd_ps(vv, _mm512_set1_ps(p[i][h]), acc[h]);
