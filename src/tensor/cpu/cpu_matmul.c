@@ -4,7 +4,7 @@
  * call per expert (gathered, up to MM_TB rows at a time), and each weight row once per
  * CPU_MM_ROWS x rows inside that; work is split over (weight block, row block) tasks, and every
  * output is computed the same way whatever task holds it, so results are bit-identical for any
- * n_threads (cpu_impl.h (3)). Up to CPU_MM_ROWS x rows (decode, a speculative verify) take
+ * n_threads (cpu_impl.h (3)). Up to 2 CPU_MM_ROWS x rows (decode, a speculative verify) take
  * weight blocks of about an eighth of a thread's share (rows_per_task): their tile streams 8 (or
  * 4) runs of consecutive rows at once, and runs of a few hundred rows keep the hardware
  * prefetchers streaming where 16-row blocks restarted them every 2 rows: a verify of two rows
@@ -20,7 +20,8 @@
 #include "tensor/cpu/cpu_impl.h"
 
 #define MM_TB 64 /* x rows per task */
-#define MM_NB_SHORT 1024 /* up to CPU_MM_ROWS x rows: weight rows per task at most */
+#define MM_NB_SHORT 1024 /* up to 2 CPU_MM_ROWS x rows: weight rows per task at most */
+#define MM_SHORT_L2 (384 << 10) /* 5-8 x rows: bytes of a task's weight block at most */
 
 static cpu_wmat wmat_of(const cpu_ctx *c, const cn_tensor *w) {
     cpu_wmat m;
@@ -41,13 +42,16 @@ static cpu_wmat wmat_of(const cpu_ctx *c, const cn_tensor *w) {
     return m;
 }
 
-/* Weight rows per task: CPU_MM_NB, or for up to CPU_MM_ROWS x rows N / (8 n_threads) rounded down to a multiple of
- * 8, within [CPU_MM_NB, MM_NB_SHORT]: 8 tasks a thread (the pool's claims even them out) and the
- * longest runs that allows. */
-static int64_t rows_per_task(const cpu_ctx *c, int64_t T, int64_t N) {
-    if (T > CPU_MM_ROWS) return CPU_MM_NB;
+/* Weight rows per task: CPU_MM_NB, or for up to 2 CPU_MM_ROWS x rows (decode, a speculative
+ * verify of up to 7 drafts) N / (8 n_threads) rounded down to a multiple of 8, within
+ * [CPU_MM_NB, MM_NB_SHORT]: 8 tasks a thread (the pool's claims even them out) and the longest
+ * runs that allows. Past CPU_MM_ROWS x rows a block is walked twice, the second time from L2:
+ * it is kept within MM_SHORT_L2 bytes. */
+static int64_t rows_per_task(const cpu_ctx *c, int64_t T, int64_t N, int64_t row_bytes) {
+    if (T > 2 * CPU_MM_ROWS) return CPU_MM_NB;
     int64_t nb = N / (8 * (int64_t)c->n_threads);
     if (nb > MM_NB_SHORT) nb = MM_NB_SHORT;
+    if (T > CPU_MM_ROWS && row_bytes > 0 && nb > MM_SHORT_L2 / row_bytes) nb = MM_SHORT_L2 / row_bytes;
     nb &= ~(int64_t)7;
     return nb > CPU_MM_NB ? nb : CPU_MM_NB;
 }
@@ -133,7 +137,7 @@ int cpu_matmul(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor 
         j.xq = xq;
     }
     j.n_tb = (int)((j.T + MM_TB - 1) / MM_TB);
-    j.nb = rows_per_task(c, j.T, j.N);
+    j.nb = rows_per_task(c, j.T, j.N, j.w.stride);
     int n_nb = (int)((j.N + j.nb - 1) / j.nb);
     cpu_parallel(c, n_nb * j.n_tb, j.T * j.N * j.w.K, mm_task, &j);
     return CN_OK;
@@ -236,7 +240,7 @@ int cpu_matmul_gather(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, in
                     .xq = xq, .xq_bytes = xq_bytes};
     j.x_per_token = x->shape[0] == T; /* with k == 1 both readings agree */
     j.N = y->shape[1];
-    j.nb = rows_per_task(c, T, j.N);
+    j.nb = rows_per_task(c, T, j.N, w[0]->stride[0]);
     j.n_nb = (int)((j.N + j.nb - 1) / j.nb);
     cpu_parallel(c, n_segs * j.n_nb, rows * j.N * x->shape[1], gather_task, &j);
     return CN_OK;
