@@ -217,6 +217,8 @@ static const cn_backend_iface cpu_iface = {
     .scale = cpu_scale,
     .attention_window = cpu_attention_window,
     .argmax = cpu_argmax,
+    .conv1d_caps = cpu_conv1d_caps,
+    .ssm_scan_caps = cpu_ssm_scan_caps,
     /* no fused epilogues: each op streams its operands from memory anyway */
 };
 
