@@ -32,24 +32,29 @@ static inline float conv_in(const conv_job *j, int64_t t, int64_t c) {
 
 static void conv_task(void *arg, int begin, int end) {
     const conv_job *j = arg;
-    const int64_t K = j->K;
+    const int64_t K = j->K, ws = j->w->stride[0] / (int64_t)sizeof(float);
     for (int blk = begin; blk < end; blk++) {
         int64_t c0 = (int64_t)blk * CONV_CB, c1 = c0 + CONV_CB < j->C ? c0 + CONV_CB : j->C;
+        const int64_t n = c1 - c0;
+        /* tap by tap over a row of channels (vectorised), each output summed in the order
+         * bias, tap 0, .., tap K-1: the sums of a channel-by-channel loop, bit for bit */
         for (int64_t t = 0; t < j->T; t++) {
-            float *y = cpu_row(j->y, t);
-            for (int64_t c = c0; c < c1; c++) {
-                const float *w = cpu_row(j->w, c);
-                float acc = j->bias ? j->bias[c] : 0.0f;
-                for (int64_t k = 0; k < K; k++) acc += w[k] * conv_in(j, t - K + 1 + k, c);
-                y[c] = acc;
+            float *restrict y = cpu_row(j->y, t) + c0;
+            for (int64_t c = 0; c < n; c++) y[c] = j->bias ? j->bias[c0 + c] : 0.0f;
+            for (int64_t k = 0; k < K; k++) {
+                const int64_t src = t - K + 1 + k;
+                const float *restrict in =
+                    (src < 0 ? cpu_row(j->state, K - 1 + src) : cpu_row(j->x, src)) + c0;
+                const float *restrict w = cpu_row(j->w, c0) + k;
+                for (int64_t c = 0; c < n; c++) y[c] += w[c * ws] * in[c];
             }
         }
         /* a capture after r rows holds the inputs at times r - (K-1) .. r - 1, read before the
          * state below is overwritten */
-        for (int n = 0; j->caps && n < j->caps->n; n++) {
-            const int64_t r = j->caps->rows[n];
+        for (int ci = 0; j->caps && ci < j->caps->n; ci++) {
+            const int64_t r = j->caps->rows[ci];
             for (int64_t i = 0; i < K - 1; i++) {
-                float *dst = cpu_row(j->caps->states[n], i);
+                float *dst = cpu_row(j->caps->states[ci], i);
                 for (int64_t c = c0; c < c1; c++) dst[c] = conv_in(j, r - (K - 1) + i, c);
             }
         }
