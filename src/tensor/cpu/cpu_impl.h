@@ -130,6 +130,10 @@ void *cpu_scratch(cpu_ctx *c, size_t bytes);
 /* Runs fn over [0, n) on the pool, or inline when the total work is small. `work` is a rough
  * count of flops or bytes for the whole loop. */
 void cpu_parallel(cpu_ctx *c, int n, int64_t work, cn_pool_fn fn, void *arg);
+/* cpu_parallel for a row-wise op over activations a product just wrote (elementwise, norms,
+ * expert combine): split only when there is far more work, since the rows the workers would take
+ * must first travel to their cores; a speculative verify's few rows stay on the caller's. */
+void cpu_parallel_rows(cpu_ctx *c, int n, int64_t work, cn_pool_fn fn, void *arg);
 
 /* Pointer to the F32 value at (row r, col 0) of a 2D activation. */
 static inline float *cpu_row(const cn_tensor *t, int64_t r) {
