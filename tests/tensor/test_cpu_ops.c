@@ -1036,6 +1036,11 @@ static void test_attention_long_context_decode_equals_prefill(void **state) {
          * heads make a group of 4 and one of 1; 20 query heads per kv head make sub-blocks of
          * 16 and 4 heads side by side; Dh = 24 pads the rows; the last range is ragged */
         check_long_decode(isa, 2, 1100, 100, 5, 24, CN_F32, CN_BF16);
+        /* a verify's few queries, each to its own last key: here the second query's last key
+         * opens a range the first lacks */
+        check_long_decode(isa, 2, 1023, 8, 2, 64, CN_F32, CN_F32);
+        check_long_decode(isa, 4, 1022, 8, 2, 64, CN_BF16, CN_BF16);
+        check_long_decode(isa, 5, 1021, 8, 2, 64, CN_F32, CN_F32);
     }
 }
 
