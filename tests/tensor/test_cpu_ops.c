@@ -719,6 +719,34 @@ static void test_ssm_scan_reference(void **state) {
     cn_backend_free(b);
 }
 
+/* A scan's later tokens step 8 state rows side by side where the ISA has that kernel (P >= 8,
+ * N a multiple of 16), its first token row by row: the same bits as token-by-token calls, which
+ * go row by row only, on every ISA. */
+static void test_ssm_scan_rows8_equal_steps(void **state) {
+    (void)state;
+    for (int isa = 0; isa < N_ISA; isa++) {
+        cn_backend *b = backend(3, isa);
+        rng r = {15};
+        ssm_case s;
+        ssm_case_init(&s, &r, 4, 20, 2, 32, 5); /* 20 rows a head: two runs of 8, then 4 */
+        const size_t n = (size_t)s.H * s.P * s.N;
+        float *st = malloc(n * sizeof(float)), *st2 = malloc(n * sizeof(float));
+        memcpy(st, s.state0, n * sizeof(float));
+        memcpy(st2, s.state0, n * sizeof(float));
+        view y = view_make(s.T, (int64_t)s.H * s.P, 2), y2 = view_make(s.T, (int64_t)s.H * s.P, 2);
+        assert_int_equal(ssm_run(b, &s, &y, st, 0, s.T, 0), CN_OK);
+        for (int t = 0; t < s.T; t++) assert_int_equal(ssm_run(b, &s, &y2, st2, t, t + 1, 0), CN_OK);
+        assert_true(views_equal(&y, &y2));
+        assert_memory_equal(st, st2, n * sizeof(float));
+        free(st);
+        free(st2);
+        view_free(&y);
+        view_free(&y2);
+        ssm_case_free(&s);
+        cn_backend_free(b);
+    }
+}
+
 static void test_ssm_scan_threads_and_scalar(void **state) {
     (void)state;
     enum { NB = 4 };
@@ -1532,6 +1560,7 @@ int main(void) {
         cmocka_unit_test(test_conv1d_reference_and_split),
         cmocka_unit_test(test_ssm_scan_reference),
         cmocka_unit_test(test_ssm_scan_threads_and_scalar),
+        cmocka_unit_test(test_ssm_scan_rows8_equal_steps),
         cmocka_unit_test(test_state_caps_equal_segments),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_threads_agree),

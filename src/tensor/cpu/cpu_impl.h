@@ -108,6 +108,11 @@ typedef struct cpu_kernels {
     void (*att_heads)(const cpu_att_args *a, int n);
     /* One row of a Mamba2 state: s[n] = s[n] * dA + dx * B[n] for n < N; returns sum s[n] * C[n]. */
     float (*ssm_row)(float *s, const float *B, const float *C, float dA, float dx, int64_t N);
+    /* ssm_row for 8 consecutive rows s + i N, with dx[i], into out[i] (i < 8), N % 16 == 0: each
+     * row gets the bits ssm_row gives it; the 8 run side by side instead of one latency chain
+     * after another. (NULL: ssm_row row by row) */
+    void (*ssm_rows8)(float *s, const float *B, const float *C, float dA, const float *dx,
+                      int64_t N, float *out);
 } cpu_kernels;
 
 typedef struct cpu_ctx {
