@@ -279,8 +279,9 @@ int cn_spec_commit(cn_spec *sp, cn_state *live, int keep) {
     if (keep < 0 || keep >= sp->n_out) keep = sp->n_out - 1;
     int target = sp->round_p + 1 + keep;
     if (keep >= 0 && target < live->offset) {
-        /* Attention rewinds by offset; Mamba loads the state captured at exactly `target`. */
-        rc = cn_state_restore(live, &sp->caps[keep]);
+        /* Attention rewinds by offset; Mamba loads the state captured at exactly `target`, by
+         * taking the capture's buffers where it can: the capture is dropped below anyway. */
+        rc = cn_state_restore_take(live, &sp->caps[keep]);
     }
     drop_caps(sp);
     if (rc || keep < 0) return rc;

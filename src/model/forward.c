@@ -1,9 +1,11 @@
 /* forward.c - the NemotronH forward pass, written against the backend table only.
  *
  * Reads like reference/nemotron-architecture.md §2: embeddings, then for every block
- * h = h + MIXER(RMSNorm(h)), then norm_f and lm_head. Mamba mixers run their conv and scan in
- * segments that end at the scheduled capture offsets, so a restore point inside a batch costs a
- * state copy and no extra pass; sliding-window layers copy their window at the same offsets.
+ * h = h + MIXER(RMSNorm(h)), then norm_f and lm_head. A restore point inside a batch costs no
+ * extra pass: Mamba mixers run their conv and scan once over the piece, the backend writing the
+ * state at each scheduled capture offset as it passes it (cn_state_caps), or, on a backend
+ * without that, in segments that end at those offsets, each followed by a state copy;
+ * sliding-window layers copy their window at the same offsets.
  * Nothing here allocates: scratch is sized at open for `ubatch` tokens and every batch is cut into
  * pieces of at most that many. A one-token piece (decode, an MTP draft) runs as one backend step
  * (backend.h): every op between one upload and the downloads, so a GPU backend waits once per
@@ -263,6 +265,28 @@ static int mamba_mixer(cn_model *m, const cn_mamba_w *w, cn_layer_state *ls, int
     conv.shape[1] = m->conv_dim;
     cn_tensor y = rows(&s->y, T);
     y.shape[1] = di;
+    /* With captures, one conv and one scan over the whole piece where the backend writes the
+     * captured states as it passes them (cn_state_caps): the same states, bit for bit, without
+     * the calls and the copies of the live state that cutting at each capture costs. */
+    int rows_at[65], n_cap = 0;
+    cn_tensor *cap_conv[65], *cap_ssm[65];
+    for (int i = 0; i < n_seg && n_seg <= 65; i++) {
+        if (seg[i].capture < 0) continue;
+        rows_at[n_cap] = seg[i].end;
+        cap_conv[n_cap] = &caps[seg[i].capture].conv[mamba_idx];
+        cap_ssm[n_cap++] = &caps[seg[i].capture].ssm[mamba_idx];
+    }
+    if (n_cap > 0 && n_seg <= 65 && rows_at[0] >= 1 && cn_backend_has_state_caps(b)) {
+        const cn_state_caps cc = {.n = n_cap, .rows = rows_at, .states = cap_conv};
+        const cn_state_caps sc = {.n = n_cap, .rows = rows_at, .states = cap_ssm};
+        CHECK(cn_op_conv1d_caps(b, &conv, &xbc, &w->conv_w, w->conv_b.data ? &w->conv_b : NULL,
+                                &ls->conv, &cc));
+        CHECK(cn_op_silu(b, &conv, &conv));                               /* xBC = silu(conv(xBC)) */
+        cn_tensor xs = cn_tensor_cols(&conv, 0, di);
+        cn_tensor B = cn_tensor_cols(&conv, di, gn), C = cn_tensor_cols(&conv, di + gn, gn);
+        CHECK(cn_op_ssm_scan_caps(b, &y, &xs, &dt, &B, &C, &a, &ls->ssm, &sc)); /* y = SSM + D x */
+        n_seg = 0; /* done: the loop below has nothing left to cut */
+    }
     int start = 0;
     for (int i = 0; i < n_seg; i++) {
         int n = seg[i].end - start;

@@ -155,6 +155,44 @@ int cn_state_restore(cn_state *s, const cn_rsnap *snap) {
     return CN_OK;
 }
 
+/* 1 when a and b describe buffers of one dtype, shape and layout. */
+static int same_layout(const cn_tensor *a, const cn_tensor *b) {
+    if (a->dtype != b->dtype || a->ndim != b->ndim || !a->data || !b->data) return 0;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d] || a->stride[d] != b->stride[d]) return 0;
+    return 1;
+}
+
+static void swap_data(cn_tensor *a, cn_tensor *b) {
+    void *t = a->data;
+    a->data = b->data;
+    b->data = t;
+}
+
+int cn_state_restore_take(cn_state *s, cn_rsnap *snap) {
+    if (cn_backend_has_device_memory(s->model->b) || snap->n_win) return cn_state_restore(s, snap);
+    if (snap->offset < 0 || snap->offset > s->offset) return CN_EINVAL;
+    int j = 0;
+    for (int l = 0; l < s->n_layers; l++) { /* everything checked before anything moves */
+        cn_layer_state *ls = &s->layers[l];
+        if (ls->type != CN_BLOCK_MAMBA) continue;
+        if (j >= snap->n_layers) return CN_EINVAL;
+        if (!same_layout(&ls->conv, &snap->conv[j]) || !same_layout(&ls->ssm, &snap->ssm[j]))
+            return cn_state_restore(s, snap);
+        j++;
+    }
+    if (j != snap->n_layers) return CN_EINVAL;
+    for (int l = 0, i = 0; l < s->n_layers; l++) {
+        cn_layer_state *ls = &s->layers[l];
+        if (ls->type != CN_BLOCK_MAMBA) continue;
+        swap_data(&ls->conv, &snap->conv[i]);
+        swap_data(&ls->ssm, &snap->ssm[i]);
+        i++;
+    }
+    s->offset = snap->offset;
+    return CN_OK;
+}
+
 int cn_state_can_rewind(const cn_state *s, int offset) {
     if (offset < 0 || offset > s->offset) return 0;
     if (offset == s->offset) return 1;

@@ -46,6 +46,11 @@ void cn_state_free(cn_state *s);
 int cn_state_reset(cn_state *s);
 /* Rewinds to snap->offset (<= offset) and loads its recurrent state. KV rows below stay valid. */
 int cn_state_restore(cn_state *s, const cn_rsnap *snap);
+/* cn_state_restore that may take the snapshot's recurrent buffers in exchange for the live ones
+ * instead of copying them: on a backend computing in host memory (no device memory, so no step
+ * recorded with a buffer's address), with every buffer of one layout. The snapshot then holds
+ * the replaced state: fit only to be written again (a capture buffer), never to be restored. */
+int cn_state_restore_take(cn_state *s, cn_rsnap *snap);
 /* Rewinds to offset when the state has no recurrent layers (else CN_EINVAL). */
 int cn_state_rewind(cn_state *s, int offset);
 /* Takes a snapshot of the current recurrent state (caller owns, cn_rsnap_free). */

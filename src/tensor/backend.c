@@ -281,6 +281,48 @@ int cn_op_ssm_scan(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_ten
     return b->iface->ssm_scan(b, y, x, dt, B, C, a, state);
 }
 
+/* The captures fit an op over T rows whose state is `state`: rows increasing in [1, T], each
+ * capture state shaped like it. */
+static int check_caps(const cn_state_caps *caps, int64_t T, const cn_tensor *state) {
+    if (!caps || caps->n < 0 || (caps->n > 0 && (!caps->rows || !caps->states))) return CN_EINVAL;
+    for (int i = 0; i < caps->n; i++) {
+        const cn_tensor *s = caps->states[i];
+        if (caps->rows[i] < 1 || caps->rows[i] > T || (i > 0 && caps->rows[i] <= caps->rows[i - 1]))
+            return CN_EINVAL;
+        if (!s || s->dtype != CN_F32 || s->ndim != state->ndim || !s->data) return CN_EINVAL;
+        for (int d = 0; d < s->ndim; d++)
+            if (s->shape[d] != state->shape[d]) return CN_EINVAL;
+    }
+    return CN_OK;
+}
+
+int cn_backend_has_state_caps(const cn_backend *b) {
+    return b->iface->conv1d_caps != NULL && b->iface->ssm_scan_caps != NULL;
+}
+
+int cn_op_conv1d_caps(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w,
+                      const cn_tensor *bias, cn_tensor *state, const cn_state_caps *caps) {
+    if (!is2d_f32(y) || !is2d_f32(x) || !same2d(y, x) || !is2d_f32(w) || !is2d_f32(state))
+        return CN_EINVAL;
+    int64_t C = COLS(x), K = COLS(w);
+    if (ROWS(w) != C || ROWS(state) != K - 1 || COLS(state) != C) return CN_EINVAL;
+    if (bias && !is_vec_f32(bias, C)) return CN_EINVAL;
+    int rc = check_caps(caps, ROWS(x), state);
+    if (rc) return rc;
+    if (!cn_backend_has_state_caps(b)) return CN_EUNSUPPORTED;
+    return b->iface->conv1d_caps(b, y, x, w, bias, state, caps);
+}
+
+int cn_op_ssm_scan_caps(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
+                        const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a,
+                        cn_tensor *state, const cn_state_caps *caps) {
+    int rc = check_ssm(y, x, dt, B, C, a, state);
+    if (!rc) rc = check_caps(caps, ROWS(x), state);
+    if (rc) return rc;
+    if (!cn_backend_has_state_caps(b)) return CN_EUNSUPPORTED;
+    return b->iface->ssm_scan_caps(b, y, x, dt, B, C, a, state, caps);
+}
+
 int cn_op_ssm_step(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
                    const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a, cn_tensor *state) {
     int rc = check_ssm(y, x, dt, B, C, a, state);

@@ -181,6 +181,27 @@ int cn_op_conv1d(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tenso
  * y:[T,H*P] = scan output + D * x. */
 int cn_op_ssm_scan(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
                    const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a, cn_tensor *state);
+/* Recurrent-state captures inside one conv1d or scan call (cn_op_conv1d_caps,
+ * cn_op_ssm_scan_caps): states[i], shaped like the op's state, receives the state after the
+ * call's first rows[i] rows, 0 < rows[0] < rows[1] < ... <= T. A restore point inside a verify or
+ * a prefill piece then costs no second call over the rows after it and no copy of the live state. */
+typedef struct cn_state_caps {
+    int n;                    /* captures; 0 is the plain op */
+    const int *rows;          /* [n] */
+    cn_tensor *const *states; /* [n] */
+} cn_state_caps;
+/* cn_op_conv1d, also writing each capture's conv state (its last K-1 raw inputs). (optional in a
+ * backend, with cn_op_ssm_scan_caps: CN_EUNSUPPORTED where it lacks them, see
+ * cn_backend_has_state_caps; the caller then cuts the call at the captures.) */
+int cn_op_conv1d_caps(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w,
+                      const cn_tensor *bias, cn_tensor *state, const cn_state_caps *caps);
+/* cn_op_ssm_scan, also writing each capture's SSM state; the same outputs, bit for bit, as the
+ * scan cut into calls that end at the captures. (optional, as cn_op_conv1d_caps) */
+int cn_op_ssm_scan_caps(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
+                        const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a,
+                        cn_tensor *state, const cn_state_caps *caps);
+/* 1 if the backend implements cn_op_conv1d_caps and cn_op_ssm_scan_caps. */
+int cn_backend_has_state_caps(const cn_backend *b);
 /* Same contract for exactly one token (a decode step); backends may specialise it. */
 int cn_op_ssm_step(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
                    const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a, cn_tensor *state);

@@ -75,6 +75,13 @@ typedef struct cn_backend_iface {
                      const cn_mm_ep *f);
     int (*matmul_gather_ep)(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, int n_w,
                             const cn_tensor *x, const cn_tensor *ids, const cn_mm_ep *f);
+    /* Captures inside one call (backend.h cn_state_caps), (optional, together or not at all):
+     * default CN_EUNSUPPORTED. */
+    int (*conv1d_caps)(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w,
+                       const cn_tensor *bias, cn_tensor *state, const cn_state_caps *caps);
+    int (*ssm_scan_caps)(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
+                         const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a,
+                         cn_tensor *state, const cn_state_caps *caps);
 } cn_backend_iface;
 
 struct cn_backend {

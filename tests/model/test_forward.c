@@ -444,6 +444,25 @@ static void test_capture_restore(void **st) {
         if (e >= SELF_TOL) fprintf(stderr, "restore at %d: rel err %.3g\n", at[c], e);
         assert_true(e < SELF_TOL);
     }
+    /* Taking a capture's buffers restores the same state: the same logits, bit for bit. */
+    float *lg2 = malloc((size_t)n * f.V * sizeof *lg2);
+    for (int c = nc - 2; c >= 0; c--) {
+        assert_int_equal(cn_state_reset(s), 0);
+        cn_batch again = {.tokens = g.prompt, .n = n, .capture_at = at, .n_capture = nc,
+                          .captures = caps, .captures_ready = 1};
+        assert_int_equal(cn_model_forward(f.m, s, &again), 0);
+        assert_int_equal(cn_state_restore(s, &caps[c]), 0);
+        cn_batch rest = {.tokens = g.prompt + at[c], .n = n - at[c], .all_logits = 1, .logits = lg};
+        assert_int_equal(cn_model_forward(f.m, s, &rest), 0);
+        assert_int_equal(cn_state_reset(s), 0);
+        assert_int_equal(cn_model_forward(f.m, s, &again), 0);
+        assert_int_equal(cn_state_restore_take(s, &caps[c]), 0);
+        assert_int_equal(s->offset, at[c]);
+        cn_batch rest2 = {.tokens = g.prompt + at[c], .n = n - at[c], .all_logits = 1, .logits = lg2};
+        assert_int_equal(cn_model_forward(f.m, s, &rest2), 0);
+        assert_memory_equal(lg, lg2, (size_t)(n - at[c]) * f.V * sizeof *lg);
+    }
+    free(lg2);
     /* A snapshot from the future cannot be restored. */
     cn_state *s2;
     assert_int_equal(cn_state_create(&s2, f.m, n, 0), 0);

@@ -10,7 +10,8 @@
  *   attention, sliding-window attention (online softmax)      2e-5
  *   get_rows, routing ids                                     exact
  * Equalities that the backend promises exactly (thread counts 1 vs 3, a scan vs its steps or
- * segments, conv1d in one call vs two) are checked with memcmp.
+ * segments, conv1d in one call vs two, either with captures vs cut at them) are checked with
+ * memcmp.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -718,6 +719,34 @@ static void test_ssm_scan_reference(void **state) {
     cn_backend_free(b);
 }
 
+/* A scan's later tokens step 8 state rows side by side where the ISA has that kernel (P >= 8,
+ * N a multiple of 16), its first token row by row: the same bits as token-by-token calls, which
+ * go row by row only, on every ISA. */
+static void test_ssm_scan_rows8_equal_steps(void **state) {
+    (void)state;
+    for (int isa = 0; isa < N_ISA; isa++) {
+        cn_backend *b = backend(3, isa);
+        rng r = {15};
+        ssm_case s;
+        ssm_case_init(&s, &r, 4, 20, 2, 32, 5); /* 20 rows a head: two runs of 8, then 4 */
+        const size_t n = (size_t)s.H * s.P * s.N;
+        float *st = malloc(n * sizeof(float)), *st2 = malloc(n * sizeof(float));
+        memcpy(st, s.state0, n * sizeof(float));
+        memcpy(st2, s.state0, n * sizeof(float));
+        view y = view_make(s.T, (int64_t)s.H * s.P, 2), y2 = view_make(s.T, (int64_t)s.H * s.P, 2);
+        assert_int_equal(ssm_run(b, &s, &y, st, 0, s.T, 0), CN_OK);
+        for (int t = 0; t < s.T; t++) assert_int_equal(ssm_run(b, &s, &y2, st2, t, t + 1, 0), CN_OK);
+        assert_true(views_equal(&y, &y2));
+        assert_memory_equal(st, st2, n * sizeof(float));
+        free(st);
+        free(st2);
+        view_free(&y);
+        view_free(&y2);
+        ssm_case_free(&s);
+        cn_backend_free(b);
+    }
+}
+
 static void test_ssm_scan_threads_and_scalar(void **state) {
     (void)state;
     enum { NB = 4 };
@@ -750,6 +779,143 @@ static void test_ssm_scan_threads_and_scalar(void **state) {
         cn_backend_free(bs[i]);
     }
     ssm_case_free(&s);
+}
+
+/* ---------------------------------------------------------------- captures inside one call */
+
+/* conv1d and the scan with captures (cn_state_caps) against the same op cut into calls that end
+ * at the captures, the states copied after each: outputs, final state and every capture equal
+ * bit for bit, for 1 and 3 threads and the scalar kernels; bad captures write nothing. */
+static void test_state_caps_equal_segments(void **state) {
+    (void)state;
+    enum { NB = 3 };
+    cn_backend *bs[NB] = {backend(1, ISA_BEST), backend(3, ISA_BEST), backend(3, ISA_SCALAR)};
+    rng r = {12};
+    const int64_t T = 9, C = 70, K = 4;
+    view x = view_rand(&r, T, C, 3, -1, 1);
+    view w = view_rand(&r, C, K, 0, -1, 1);
+    view s0 = view_rand(&r, K - 1, C, 0, -1, 1);
+    ssm_case sc;
+    ssm_case_init(&sc, &r, 4, 3, 2, 21, (int)T);
+    const size_t sn = (size_t)sc.H * sc.P * sc.N;
+    const int sets[3][3] = {{1, 4, 9}, {2, 3, 0}, {9, 0, 0}};
+    const int n_sets[3] = {3, 2, 1};
+    for (int bi = 0; bi < NB; bi++) {
+        cn_backend *b = bs[bi];
+        for (int si = 0; si < 3; si++) {
+            const int n = n_sets[si], *rows = sets[si];
+            /* conv1d: one call with captures */
+            view y = view_make(T, C, 2), st = view_clone(&s0), cap[3], ycut = view_make(T, C, 2),
+                 stcut = view_clone(&s0), capcut[3];
+            cn_tensor *capt[3];
+            for (int i = 0; i < n; i++) {
+                cap[i] = view_make(K - 1, C, 0);
+                capcut[i] = view_make(K - 1, C, 0);
+                capt[i] = &cap[i].t;
+            }
+            const cn_state_caps cc = {.n = n, .rows = rows, .states = capt};
+            assert_int_equal(cn_op_conv1d_caps(b, &y.t, &x.t, &w.t, NULL, &st.t, &cc), CN_OK);
+            for (int i = 0, t0 = 0; i <= n; i++) { /* the same cut at the captures */
+                int t1 = i < n ? rows[i] : (int)T;
+                if (t1 > t0) {
+                    cn_tensor xa = cn_tensor_rows(&x.t, t0, t1 - t0);
+                    cn_tensor ya = cn_tensor_rows(&ycut.t, t0, t1 - t0);
+                    assert_int_equal(cn_op_conv1d(b, &ya, &xa, &w.t, NULL, &stcut.t), CN_OK);
+                }
+                if (i < n) assert_int_equal(cn_backend_copy(b, &capcut[i].t, &stcut.t), CN_OK);
+                t0 = t1;
+            }
+            assert_true(views_equal(&y, &ycut));
+            assert_true(views_equal(&st, &stcut));
+            for (int i = 0; i < n; i++) assert_true(views_equal(&cap[i], &capcut[i]));
+
+            /* the scan: one call with captures */
+            float *S = malloc(sn * sizeof(float)), *Scut = malloc(sn * sizeof(float));
+            float *Sc[3], *Sccut[3];
+            cn_tensor stt[3];
+            cn_tensor *sct[3];
+            memcpy(S, sc.state0, sn * sizeof(float));
+            memcpy(Scut, sc.state0, sn * sizeof(float));
+            for (int i = 0; i < n; i++) {
+                Sc[i] = malloc(sn * sizeof(float));
+                Sccut[i] = malloc(sn * sizeof(float));
+                stt[i] = cn_tensor_2d(CN_F32, sc.H, (int64_t)sc.P * sc.N, Sc[i]);
+                sct[i] = &stt[i];
+            }
+            view ys = view_make(T, (int64_t)sc.H * sc.P, 2), yscut = view_make(T, (int64_t)sc.H * sc.P, 2);
+            cn_tensor Sst = cn_tensor_2d(CN_F32, sc.H, (int64_t)sc.P * sc.N, S);
+            const cn_state_caps scc = {.n = n, .rows = rows, .states = sct};
+            assert_int_equal(cn_op_ssm_scan_caps(b, &ys.t, &sc.x.t, &sc.dt.t, &sc.B.t, &sc.C.t,
+                                                 &sc.a, &Sst, &scc), CN_OK);
+            for (int i = 0, t0 = 0; i <= n; i++) {
+                int t1 = i < n ? rows[i] : (int)T;
+                if (t1 > t0) assert_int_equal(ssm_run(b, &sc, &yscut, Scut, t0, t1, 0), CN_OK);
+                if (i < n) memcpy(Sccut[i], Scut, sn * sizeof(float));
+                t0 = t1;
+            }
+            assert_true(views_equal(&ys, &yscut));
+            assert_memory_equal(S, Scut, sn * sizeof(float));
+            for (int i = 0; i < n; i++) assert_memory_equal(Sc[i], Sccut[i], sn * sizeof(float));
+
+            for (int i = 0; i < n; i++) {
+                view_free(&cap[i]);
+                view_free(&capcut[i]);
+                free(Sc[i]);
+                free(Sccut[i]);
+            }
+            free(S);
+            free(Scut);
+            view_free(&ys);
+            view_free(&yscut);
+            view_free(&y);
+            view_free(&ycut);
+            view_free(&st);
+            view_free(&stcut);
+        }
+    }
+
+    /* bad captures: CN_EINVAL, and neither the output nor the state nor a capture changes */
+    cn_backend *b = bs[1];
+    view y = view_make(T, C, 2), st = view_clone(&s0), cap0 = view_make(K - 1, C, 0),
+         cap1 = view_make(K - 1, C, 0), wide = view_make(K, C, 0);
+    cn_tensor *two[2] = {&cap0.t, &cap1.t}, *bad_shape[1] = {&wide.t};
+    const int dup[2] = {3, 3}, zero[1] = {0}, past[1] = {10}, ok[1] = {4};
+    const cn_state_caps bad[4] = {{.n = 2, .rows = dup, .states = two},
+                                  {.n = 1, .rows = zero, .states = two},
+                                  {.n = 1, .rows = past, .states = two},
+                                  {.n = 1, .rows = ok, .states = bad_shape}};
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(cn_op_conv1d_caps(b, &y.t, &x.t, &w.t, NULL, &st.t, &bad[i]), CN_EINVAL);
+        assert_true(views_equal(&st, &s0));
+        view_check_pad(&y);
+        for (int64_t t = 0; t < T; t++) assert_true(*at(&y, t, 0) == SENTINEL);
+        for (int64_t t = 0; t < K - 1; t++) assert_true(*at(&cap0, t, 0) == SENTINEL);
+    }
+    float *S = malloc(sn * sizeof(float));
+    memcpy(S, sc.state0, sn * sizeof(float));
+    cn_tensor Sst = cn_tensor_2d(CN_F32, sc.H, (int64_t)sc.P * sc.N, S);
+    view ys = view_make(T, (int64_t)sc.H * sc.P, 2);
+    float *Sc = malloc(sn * sizeof(float));
+    cn_tensor sct = cn_tensor_2d(CN_F32, sc.H, (int64_t)sc.P * sc.N + 1, Sc); /* one too wide */
+    cn_tensor *sctp[1] = {&sct};
+    const cn_state_caps badss = {.n = 1, .rows = ok, .states = sctp};
+    assert_int_equal(cn_op_ssm_scan_caps(b, &ys.t, &sc.x.t, &sc.dt.t, &sc.B.t, &sc.C.t, &sc.a,
+                                         &Sst, &badss), CN_EINVAL);
+    assert_memory_equal(S, sc.state0, sn * sizeof(float));
+    for (int64_t t = 0; t < T; t++) assert_true(*at(&ys, t, 0) == SENTINEL);
+    free(S);
+    free(Sc);
+    view_free(&ys);
+    view_free(&y);
+    view_free(&st);
+    view_free(&cap0);
+    view_free(&cap1);
+    view_free(&wide);
+    ssm_case_free(&sc);
+    view_free(&x);
+    view_free(&w);
+    view_free(&s0);
+    for (int i = 0; i < NB; i++) cn_backend_free(bs[i]);
 }
 
 /* ---------------------------------------------------------------- attention */
@@ -898,6 +1064,11 @@ static void test_attention_long_context_decode_equals_prefill(void **state) {
          * heads make a group of 4 and one of 1; 20 query heads per kv head make sub-blocks of
          * 16 and 4 heads side by side; Dh = 24 pads the rows; the last range is ragged */
         check_long_decode(isa, 2, 1100, 100, 5, 24, CN_F32, CN_BF16);
+        /* a verify's few queries, each to its own last key: here the second query's last key
+         * opens a range the first lacks */
+        check_long_decode(isa, 2, 1023, 8, 2, 64, CN_F32, CN_F32);
+        check_long_decode(isa, 4, 1022, 8, 2, 64, CN_BF16, CN_BF16);
+        check_long_decode(isa, 5, 1021, 8, 2, 64, CN_F32, CN_F32);
     }
 }
 
@@ -1389,6 +1560,8 @@ int main(void) {
         cmocka_unit_test(test_conv1d_reference_and_split),
         cmocka_unit_test(test_ssm_scan_reference),
         cmocka_unit_test(test_ssm_scan_threads_and_scalar),
+        cmocka_unit_test(test_ssm_scan_rows8_equal_steps),
+        cmocka_unit_test(test_state_caps_equal_segments),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_threads_agree),
         cmocka_unit_test(test_attention_long_context_decode_equals_prefill),

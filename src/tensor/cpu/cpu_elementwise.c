@@ -52,7 +52,7 @@ static int ew_run(cn_backend *b, int op, cn_tensor *y, const cn_tensor *a, const
                   float s) {
     ew_job j = {.op = op, .y = y, .a = a, .c = c, .s = s, .C = y->shape[1]};
     int64_t cost = op == EW_SILU ? 16 : 2;
-    cpu_parallel(cpu_ctx_of(b), (int)y->shape[0], y->shape[0] * j.C * cost, ew_rows, &j);
+    cpu_parallel_rows(cpu_ctx_of(b), (int)y->shape[0], y->shape[0] * j.C * cost, ew_rows, &j);
     return CN_OK;
 }
 

@@ -108,6 +108,11 @@ typedef struct cpu_kernels {
     void (*att_heads)(const cpu_att_args *a, int n);
     /* One row of a Mamba2 state: s[n] = s[n] * dA + dx * B[n] for n < N; returns sum s[n] * C[n]. */
     float (*ssm_row)(float *s, const float *B, const float *C, float dA, float dx, int64_t N);
+    /* ssm_row for 8 consecutive rows s + i N, with dx[i], into out[i] (i < 8), N % 16 == 0: each
+     * row gets the bits ssm_row gives it; the 8 run side by side instead of one latency chain
+     * after another. (NULL: ssm_row row by row) */
+    void (*ssm_rows8)(float *s, const float *B, const float *C, float dA, const float *dx,
+                      int64_t N, float *out);
 } cpu_kernels;
 
 typedef struct cpu_ctx {
@@ -130,6 +135,10 @@ void *cpu_scratch(cpu_ctx *c, size_t bytes);
 /* Runs fn over [0, n) on the pool, or inline when the total work is small. `work` is a rough
  * count of flops or bytes for the whole loop. */
 void cpu_parallel(cpu_ctx *c, int n, int64_t work, cn_pool_fn fn, void *arg);
+/* cpu_parallel for a row-wise op over activations a product just wrote (elementwise, norms,
+ * expert combine): split only when there is far more work, since the rows the workers would take
+ * must first travel to their cores; a speculative verify's few rows stay on the caller's. */
+void cpu_parallel_rows(cpu_ctx *c, int n, int64_t work, cn_pool_fn fn, void *arg);
 
 /* Pointer to the F32 value at (row r, col 0) of a 2D activation. */
 static inline float *cpu_row(const cn_tensor *t, int64_t r) {
@@ -163,6 +172,11 @@ int cpu_conv1d(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor 
                const cn_tensor *bias, cn_tensor *state);
 int cpu_ssm_scan(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
                  const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a, cn_tensor *state);
+int cpu_conv1d_caps(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w,
+                    const cn_tensor *bias, cn_tensor *state, const cn_state_caps *caps);
+int cpu_ssm_scan_caps(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
+                      const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a,
+                      cn_tensor *state, const cn_state_caps *caps);
 int cpu_attention(cn_backend *b, cn_tensor *out, const cn_tensor *q, const cn_tensor *kc,
                   const cn_tensor *vc, int n_past, int n_heads, int n_kv_heads, float scale);
 int cpu_attention_window(cn_backend *b, cn_tensor *out, const cn_tensor *q, const cn_tensor *k_new,

@@ -526,11 +526,32 @@ A5_FN static float a5_ssm_row(float *s, const float *B, const float *C, float dA
     return r;
 }
 
+A5_FN static void a5_ssm_rows8(float *s, const float *B, const float *C, float dA, const float *dx,
+                               int64_t N, float *out) {
+    const __m512 va = _mm512_set1_ps(dA);
+    __m512 acc[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t n = 0; n < N; n += 16) {
+        const __m512 b = _mm512_loadu_ps(B + n), c = _mm512_loadu_ps(C + n);
+#pragma GCC unroll 8
+        for (int i = 0; i < 8; i++) { /* a5_ssm_row's operations, row i */
+            float *si = s + i * N + n;
+            __m512 sv = _mm512_fmadd_ps(_mm512_loadu_ps(si), va,
+                                        _mm512_mul_ps(_mm512_set1_ps(dx[i]), b));
+            _mm512_storeu_ps(si, sv);
+            acc[i] = _mm512_fmadd_ps(sv, c, acc[i]);
+        }
+    }
+    _mm256_storeu_ps(out, a5_hsum8(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]));
+}
+
 void cpu_kernels_avx512(cpu_kernels *k, int vnni) {
     /* Short rows (attention's head_dim) gain little from 16 lanes: keep the AVX2 dot/axpy. */
     cpu_kernels_avx2(k);
     k->mm_tile = a5_tile;
     k->ssm_row = a5_ssm_row;
+    k->ssm_rows8 = a5_ssm_rows8;
     k->att_heads = cpu_att_heads_avx512;
     cpu_quant_kernels_avx512(k, vnni);
 }

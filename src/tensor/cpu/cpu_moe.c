@@ -110,6 +110,6 @@ static void combine_rows(void *arg, int begin, int end) {
 
 int cpu_moe_combine(cn_backend *b, cn_tensor *y, const cn_tensor *rows, const cn_tensor *weights) {
     combine_job j = {.y = y, .rows = rows, .w = weights, .k = weights->shape[1], .H = y->shape[1]};
-    cpu_parallel(cpu_ctx_of(b), (int)y->shape[0], y->shape[0] * j.k * j.H * 2, combine_rows, &j);
+    cpu_parallel_rows(cpu_ctx_of(b), (int)y->shape[0], y->shape[0] * j.k * j.H * 2, combine_rows, &j);
     return CN_OK;
 }

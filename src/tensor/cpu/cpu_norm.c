@@ -30,7 +30,7 @@ static void rmsnorm_rows(void *arg, int begin, int end) {
 
 int cpu_rmsnorm(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w, float eps) {
     norm_job j = {.y = y, .x = x, .w = (const float *)w->data, .C = x->shape[1], .eps = eps};
-    cpu_parallel(cpu_ctx_of(b), (int)x->shape[0], x->shape[0] * x->shape[1] * 4, rmsnorm_rows,
+    cpu_parallel_rows(cpu_ctx_of(b), (int)x->shape[0], x->shape[0] * x->shape[1] * 4, rmsnorm_rows,
                  &j);
     return CN_OK;
 }
@@ -56,6 +56,6 @@ int cpu_gated_rmsnorm(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_
                       const cn_tensor *w, int group, float eps) {
     norm_job j = {.y = y, .x = x, .z = z, .w = (const float *)w->data, .C = x->shape[1],
                   .group = group, .eps = eps};
-    cpu_parallel(cpu_ctx_of(b), (int)x->shape[0], x->shape[0] * x->shape[1] * 16, gated_rows, &j);
+    cpu_parallel_rows(cpu_ctx_of(b), (int)x->shape[0], x->shape[0] * x->shape[1] * 16, gated_rows, &j);
     return CN_OK;
 }

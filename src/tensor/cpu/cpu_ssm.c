@@ -4,9 +4,12 @@
  * tokens, T single steps, or any split into segments give bit-identical outputs and states; the
  * `chunk` hint is ignored. conv1d likewise gives the same result for one call or any split.
  * Parallel over heads (scan) and channel blocks (conv); each output is computed by one thread in a
- * fixed order. Never writes outside y and state.
+ * fixed order. Never writes outside y, state and the captures' states (which get exactly what the
+ * state holds after their row: the conv's raw inputs, the scan's per-head state copied as each
+ * head passes the row, while it is in cache).
  */
 #include <math.h>
+#include <string.h>
 
 #include "base/error.h"
 #include "tensor/cpu/cpu_impl.h"
@@ -17,6 +20,7 @@
 
 typedef struct conv_job {
     const cn_tensor *y, *x, *w, *state;
+    const cn_state_caps *caps; /* NULL: none */
     const float *bias; /* [C] or NULL */
     int64_t T, C, K;
 } conv_job;
@@ -28,16 +32,30 @@ static inline float conv_in(const conv_job *j, int64_t t, int64_t c) {
 
 static void conv_task(void *arg, int begin, int end) {
     const conv_job *j = arg;
-    const int64_t K = j->K;
+    const int64_t K = j->K, ws = j->w->stride[0] / (int64_t)sizeof(float);
     for (int blk = begin; blk < end; blk++) {
         int64_t c0 = (int64_t)blk * CONV_CB, c1 = c0 + CONV_CB < j->C ? c0 + CONV_CB : j->C;
+        const int64_t n = c1 - c0;
+        /* tap by tap over a row of channels (vectorised), each output summed in the order
+         * bias, tap 0, .., tap K-1: the sums of a channel-by-channel loop, bit for bit */
         for (int64_t t = 0; t < j->T; t++) {
-            float *y = cpu_row(j->y, t);
-            for (int64_t c = c0; c < c1; c++) {
-                const float *w = cpu_row(j->w, c);
-                float acc = j->bias ? j->bias[c] : 0.0f;
-                for (int64_t k = 0; k < K; k++) acc += w[k] * conv_in(j, t - K + 1 + k, c);
-                y[c] = acc;
+            float *restrict y = cpu_row(j->y, t) + c0;
+            for (int64_t c = 0; c < n; c++) y[c] = j->bias ? j->bias[c0 + c] : 0.0f;
+            for (int64_t k = 0; k < K; k++) {
+                const int64_t src = t - K + 1 + k;
+                const float *restrict in =
+                    (src < 0 ? cpu_row(j->state, K - 1 + src) : cpu_row(j->x, src)) + c0;
+                const float *restrict w = cpu_row(j->w, c0) + k;
+                for (int64_t c = 0; c < n; c++) y[c] += w[c * ws] * in[c];
+            }
+        }
+        /* a capture after r rows holds the inputs at times r - (K-1) .. r - 1, read before the
+         * state below is overwritten */
+        for (int ci = 0; j->caps && ci < j->caps->n; ci++) {
+            const int64_t r = j->caps->rows[ci];
+            for (int64_t i = 0; i < K - 1; i++) {
+                float *dst = cpu_row(j->caps->states[ci], i);
+                for (int64_t c = c0; c < c1; c++) dst[c] = conv_in(j, r - (K - 1) + i, c);
             }
         }
         /* new state row i = input at time T - (K-1) + i; reading row i + T >= i before it is
@@ -49,14 +67,19 @@ static void conv_task(void *arg, int begin, int end) {
     }
 }
 
-int cpu_conv1d(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w,
-               const cn_tensor *bias, cn_tensor *state) {
-    conv_job j = {.y = y, .x = x, .w = w, .state = state,
+int cpu_conv1d_caps(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w,
+                    const cn_tensor *bias, cn_tensor *state, const cn_state_caps *caps) {
+    conv_job j = {.y = y, .x = x, .w = w, .state = state, .caps = caps && caps->n ? caps : NULL,
                   .bias = bias ? (const float *)bias->data : NULL,
                   .T = x->shape[0], .C = x->shape[1], .K = w->shape[1]};
     int n_blk = (int)((j.C + CONV_CB - 1) / CONV_CB);
     cpu_parallel(cpu_ctx_of(b), n_blk, j.T * j.C * j.K * 2, conv_task, &j);
     return CN_OK;
+}
+
+int cpu_conv1d(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w,
+               const cn_tensor *bias, cn_tensor *state) {
+    return cpu_conv1d_caps(b, y, x, w, bias, state, NULL);
 }
 
 /* ---- selective scan ---- */
@@ -65,15 +88,15 @@ typedef struct scan_job {
     const cpu_ctx *c;
     const cn_tensor *y, *x, *dt, *B, *C, *state;
     const cn_ssm_args *a;
+    const cn_state_caps *caps; /* NULL: none */
     int64_t T;
 } scan_job;
 
 /* softplus(v) = log(1 + e^v), stable: e^v overflows past ~88 and log1p(e^v) == v in fp32 past 20 */
 static inline float softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
 
-/* State of head h: [P][N] fp32. The state is [H, P*N] (2D, rows possibly strided) or contiguous. */
-static float *head_state(const scan_job *j, int h) {
-    const cn_tensor *s = j->state;
+/* State of head h in s: [P][N] fp32. A state is [H, P*N] (2D, rows possibly strided) or contiguous. */
+static float *head_state(const scan_job *j, const cn_tensor *s, int h) {
     if (s->ndim == 2 && s->shape[0] == j->a->n_heads) return cpu_row(s, h);
     return (float *)s->data + (int64_t)h * j->a->head_dim * j->a->d_state;
 }
@@ -88,7 +111,8 @@ static void scan_heads(void *arg, int begin, int end) {
         const float Dh = ((const float *)a->D->data)[h];
         const float dtb = ((const float *)a->dt_bias->data)[h];
         const int64_t g = h / heads_per_group;
-        float *S = head_state(j, h);
+        float *S = head_state(j, j->state, h);
+        int next = 0; /* the next capture */
         for (int64_t t = 0; t < j->T; t++) {
             float dtv = softplus(cpu_row(j->dt, t)[h] + dtb);
             dtv = fminf(fmaxf(dtv, a->dt_min), a->dt_max);
@@ -97,20 +121,38 @@ static void scan_heads(void *arg, int begin, int end) {
             const float *Bg = cpu_row(j->B, t) + g * N;
             const float *Cg = cpu_row(j->C, t) + g * N;
             float *yh = cpu_row(j->y, t) + h * P;
-            for (int64_t p = 0; p < P; p++) { /* S = S*dA + dt*x B^T; y = S C + D x */
+            /* S = S*dA + dt*x B^T; y = S C + D x. The first token streams the head's state from
+             * memory row by row, in the order the prefetchers follow; later tokens find it in
+             * cache, where 8 rows side by side beat one latency chain after another. */
+            int64_t p = 0;
+            for (; t > 0 && j->c->kern.ssm_rows8 && N % 16 == 0 && p + 8 <= P; p += 8) {
+                float dx[8], r[8];
+                for (int i = 0; i < 8; i++) dx[i] = dtv * xh[p + i];
+                j->c->kern.ssm_rows8(S + p * N, Bg, Cg, dA, dx, N, r);
+                for (int i = 0; i < 8; i++) yh[p + i] = r[i] + Dh * xh[p + i];
+            }
+            for (; p < P; p++) {
                 const float xv = xh[p];
                 yh[p] = j->c->kern.ssm_row(S + p * N, Bg, Cg, dA, dtv * xv, N) + Dh * xv;
             }
+            if (j->caps && next < j->caps->n && j->caps->rows[next] == t + 1)
+                memcpy(head_state(j, j->caps->states[next++], h), S, (size_t)(P * N) * sizeof(float));
         }
     }
 }
 
-int cpu_ssm_scan(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
-                 const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a, cn_tensor *state) {
+int cpu_ssm_scan_caps(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
+                      const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a,
+                      cn_tensor *state, const cn_state_caps *caps) {
     cpu_ctx *c = cpu_ctx_of(b);
     scan_job j = {.c = c, .y = y, .x = x, .dt = dt, .B = B, .C = C, .state = state, .a = a,
-                  .T = x->shape[0]};
+                  .caps = caps && caps->n ? caps : NULL, .T = x->shape[0]};
     int64_t work = j.T * a->n_heads * a->head_dim * a->d_state * 4;
     cpu_parallel(c, a->n_heads, work, scan_heads, &j);
     return CN_OK;
+}
+
+int cpu_ssm_scan(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
+                 const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a, cn_tensor *state) {
+    return cpu_ssm_scan_caps(b, y, x, dt, B, C, a, state, NULL);
 }

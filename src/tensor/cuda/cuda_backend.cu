@@ -440,6 +440,9 @@ static const cn_backend_iface cu_iface = {
     /* .argmax = */ cu_argmax,
     /* .matmul_ep = */ cu_matmul_ep,
     /* .matmul_gather_ep = */ cu_matmul_gather_ep,
+    /* not here: the model cuts the conv and the scan at the captures, as before */
+    /* .conv1d_caps = */ NULL,
+    /* .ssm_scan_caps = */ NULL,
 };
 
 extern "C" cn_backend *cn_cuda_backend_create(int device, cn_err *err) {
