@@ -311,13 +311,13 @@ static void test_matmul_decode_streams_match_rows(void **state) {
 
 /* BF16 prefill on AVX-512 runs its own kernel (kernel table mm_rows: tiles of 6 x rows by 4 weight
  * rows, k in chunks of 1024 values, tasks of 96 x rows by 64 weight rows). Shapes that cross each
- * of those bounds (K over two chunks with and without a tail, T over one task and not a multiple
- * of 6, N over one task with a remainder under 4) must give every row the bits of the one-row
- * matmul (decode's path), on 1 and 3 threads, close to the reference; the gathered matmul of the
- * same rows (two experts sharing w, more than a task's rows each) likewise. */
+ * of those bounds (K over two chunks with and without a tail, or under one vector; T over one
+ * task and not a multiple of 6; N over one task with a remainder under 4) must give every row the
+ * bits of the one-row matmul (decode's path), on 1 and 3 threads, close to the reference; the
+ * gathered matmul of the same rows (two experts sharing w, more than a task's rows each) too. */
 static void test_matmul_bf16_prefill_rows_match_decode(void **state) {
     (void)state;
-    static const int64_t shapes[][3] = {{103, 70, 2100}, {100, 67, 2048}, {7, 9, 1040}};
+    static const int64_t shapes[][3] = {{103, 70, 2100}, {100, 67, 2048}, {7, 9, 1040}, {9, 5, 12}};
     rng r = {22};
     cn_backend *bs[2] = {backend(1, ISA_BEST), backend(3, ISA_BEST)};
     for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++) {

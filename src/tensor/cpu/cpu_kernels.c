@@ -496,7 +496,7 @@ A5_IN void a5_tile_dt(int dt, const cpu_wmat *w, const float *const *xr, float *
 #define A5_PR 6 /* x rows of the panel's tile */
 
 /* acc[r * CPU_MM_PNB + j] += the chunk [k0, k1) of weight row n + j against x row r, r < R,
- * j < NR. */
+ * j < NR (the first chunk, k0 == 0, starts from zero instead). */
 A5_IN void a5_chunk(int dt, int R, int NR, const cpu_wmat *w, const float *const *xr, __m512 *acc,
                     int64_t n, int64_t k0, int64_t k1) {
     const char *wr[4];
@@ -506,7 +506,7 @@ A5_IN void a5_chunk(int dt, int R, int NR, const cpu_wmat *w, const float *const
 #pragma GCC unroll 6
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
-        for (int j = 0; j < NR; j++) a[r][j] = acc[r * CPU_MM_PNB + j];
+        for (int j = 0; j < NR; j++) a[r][j] = k0 ? acc[r * CPU_MM_PNB + j] : _mm512_setzero_ps();
     for (int64_t k = k0; k < k1; k += 16) {
         __m512 wv[4];
 #pragma GCC unroll 4
@@ -530,8 +530,9 @@ A5_IN void a5_chunk(int dt, int R, int NR, const cpu_wmat *w, const float *const
 A5_IN void a5_panel(int dt, int R, const cpu_wmat *w, const float *const *xr, float *const *yr,
                     int64_t n0, int64_t n1, __m512 *acc) {
     const int64_t K = w->K, K16 = K & ~(int64_t)15, nn = n1 - n0;
-    for (int r = 0; r < R; r++)
-        for (int64_t j = 0; j < nn; j++) acc[r * CPU_MM_PNB + j] = _mm512_setzero_ps();
+    if (K16 == 0)
+        for (int r = 0; r < R; r++)
+            for (int64_t j = 0; j < nn; j++) acc[r * CPU_MM_PNB + j] = _mm512_setzero_ps();
     for (int64_t k0 = 0; k0 < K16; k0 += A5_KC) {
         const int64_t k1 = k0 + A5_KC < K16 ? k0 + A5_KC : K16;
         int64_t j = 0;
