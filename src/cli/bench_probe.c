@@ -178,13 +178,13 @@ static const double ops_per_iter[] = {
     NACC * 16 * 2.0,   /* vfmadd zmm: 16 lanes */
     NACC * 32 * 2.0,   /* vpmaddubsw + vpmaddwd + vpaddd ymm: 32 u8 x s8 products */
     NACC * 64 * 2.0,   /* vpdpbusd zmm: 64 u8 x s8 products */
-    16 * 16 * 2.0,     /* 16 columns of 4 x 4 outputs */
+    24 * 16 * 2.0,     /* 16 columns of 6 x 4 outputs */
     8 * 256 * 2.0,     /* 256 columns of 4 x 2 outputs */
 };
 static const char *const mode_name[] = {
     "scalar fp32 multiply-add", "avx2 fp32 vfmadd (ymm)", "avx512 fp32 vfmadd (zmm)",
     "avx2 int8 vpmaddubsw+vpmaddwd (ymm)", "avx512 int8 vpdpbusd (zmm)",
-    "avx512 bf16 tile: 4 bf16 widenings (vpmovzxwd+vpslld) per 16 vfmadd (zmm)",
+    "avx512 bf16 tile: 4 bf16 widenings (vpmovzxwd+vpslld) per 24 vfmadd (zmm)",
     "avx512 nvfp4 tile: 2 x (2 loads, 2 vpermt2d, 2 shifts, 4 vpermb, 16 scales) per 8 x (4 vpdpbusd, vcvtdq2ps, vmulps, vfmadd) (zmm)",
 };
 
@@ -281,16 +281,14 @@ __attribute__((target("avx512f,avx512vnni"))) static int32_t i8_vnni512(long ite
  * could. The empty asm makes the pointers opaque each step, so the loads are not hoisted. */
 __attribute__((target("avx512f,avx512bw"))) static float bf16_tile512(long iters) {
     uint16_t w[4 * 16];
-    float x[4 * 16];
-    for (int i = 0; i < 64; i++) {
-        w[i] = 0x38d1; /* bf16 1e-4 */
-        x[i] = 1e-4f;
-    }
+    float x[6 * 16];
+    for (int i = 0; i < 64; i++) w[i] = 0x38d1; /* bf16 1e-4 */
+    for (int i = 0; i < 96; i++) x[i] = 1e-4f;
     const uint16_t *wp = w;
     const float *xp = x;
-    __m512 acc[4][4];
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; r++)
+    __m512 acc[6][4];
+#pragma GCC unroll 6
+    for (int r = 0; r < 6; r++)
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) acc[r][j] = _mm512_setzero_ps();
     for (long i = 0; i < iters; i++) {
@@ -300,16 +298,16 @@ __attribute__((target("avx512f,avx512bw"))) static float bf16_tile512(long iters
         for (int j = 0; j < 4; j++) /* a5_load's BF16 widening */
             wv[j] = _mm512_castsi512_ps(_mm512_slli_epi32(
                 _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(wp + 16 * j))), 16));
-#pragma GCC unroll 4
-        for (int r = 0; r < 4; r++) {
+#pragma GCC unroll 6
+        for (int r = 0; r < 6; r++) {
             __m512 xv = _mm512_loadu_ps(xp + 16 * r);
 #pragma GCC unroll 4
             for (int j = 0; j < 4; j++) acc[r][j] = _mm512_fmadd_ps(wv[j], xv, acc[r][j]);
         }
     }
     __m512 s = _mm512_setzero_ps();
-#pragma GCC unroll 4
-    for (int r = 0; r < 4; r++)
+#pragma GCC unroll 6
+    for (int r = 0; r < 6; r++)
 #pragma GCC unroll 4
         for (int j = 0; j < 4; j++) s = _mm512_add_ps(s, acc[r][j]);
     float v[16];

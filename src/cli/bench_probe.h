@@ -8,8 +8,8 @@
  *      fp32 FMA  (AVX-512 vfmadd231ps: 16 lanes x 2 = 32 ops; AVX2: 16 ops; else scalar C)
  *      int8 VNNI (AVX-512 vpdpbusd: 64 u8 x s8 products summed into 16 int32 lanes = 128 ops)
  *      a matmul tile's step (AVX-512): the instructions the CPU backend's prefill tile runs per
- *      step, in its proportions, operands in L1: for BF16, per 16 columns of 4 x 4 outputs, 4
- *      widenings (vpmovzxwd + vpslld) and 16 vfmadd; for NVFP4, per 256 columns of 4 x 2
+ *      step, in its proportions, operands in L1: for BF16, per 16 columns of 6 x 4 outputs (the
+ *      panel, cpu_kernels.c a5_chunk), 4 widenings (vpmovzxwd + vpslld) and 24 vfmadd; for NVFP4, per 256 columns of 4 x 2
  *      outputs, 2 weight-row unpacks (2 vpermt2d, 4 vpermb) with their 16 block scales, then
  *      8 x (4 vpdpbusd, vcvtdq2ps, vmulps, vfmadd). Only the
  *      multiply-adds count as operations, so this is the ceiling of that kernel, below the bare

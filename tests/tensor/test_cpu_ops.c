@@ -310,6 +310,60 @@ static void test_matmul_decode_streams_match_rows(void **state) {
     }
 }
 
+/* BF16 prefill on AVX-512 runs its own kernel (kernel table mm_rows: tiles of 6 x rows by 4 weight
+ * rows, k in chunks of 1024 values, tasks of 96 x rows by 64 weight rows). Shapes that cross each
+ * of those bounds (K over two chunks with and without a tail, or under one vector; T over one
+ * task and not a multiple of 6; N over one task with a remainder under 4) must give every row the
+ * bits of the one-row matmul (decode's path), on 1 and 3 threads, close to the reference; the
+ * gathered matmul of the same rows (two experts sharing w, more than a task's rows each) too. */
+static void test_matmul_bf16_prefill_rows_match_decode(void **state) {
+    (void)state;
+    static const int64_t shapes[][3] = {{103, 70, 2100}, {100, 67, 2048}, {7, 9, 1040}, {9, 5, 12}};
+    rng r = {22};
+    cn_backend *bs[2] = {backend(1, ISA_BEST), backend(3, ISA_BEST)};
+    for (size_t sh = 0; sh < sizeof shapes / sizeof *shapes; sh++) {
+        const int64_t T = shapes[sh][0], N = shapes[sh][1], K = shapes[sh][2];
+        weight w = weight_rand(&r, CN_BF16, N, K, 1, 0.8f);
+        view x = view_rand(&r, T, K, 2, -1, 1);
+        view y[2];
+        for (int i = 0; i < 2; i++) {
+            y[i] = view_make(T, N, 1);
+            assert_int_equal(cn_op_matmul(bs[i], &y[i].t, &w.t, &x.t), CN_OK);
+        }
+        assert_true(views_equal(&y[0], &y[1]));
+        double *ref = ref_matmul(&x, &w);
+        expect_view_close("bf16 prefill matmul", &y[0], ref, 2e-5);
+        free(ref);
+        for (int64_t t = 0; t < T; t++) {
+            view y1 = view_make(1, N, 1);
+            cn_tensor x1 = cn_tensor_rows(&x.t, t, 1);
+            assert_int_equal(cn_op_matmul(bs[t % 2], &y1.t, &w.t, &x1), CN_OK);
+            assert_memory_equal(at(&y1, 0, 0), at(&y[0], t, 0), (size_t)N * sizeof(float));
+            view_free(&y1);
+        }
+        /* every token to both experts, in either order: rows 2t and 2t + 1 both equal y's row t */
+        const cn_tensor *wp[2] = {&w.t, &w.t};
+        int32_t *idb = malloc((size_t)(2 * T) * sizeof *idb);
+        assert_non_null(idb);
+        for (int64_t t = 0; t < T; t++) {
+            idb[2 * t] = (int32_t)(t % 2);
+            idb[2 * t + 1] = (int32_t)(1 - t % 2);
+        }
+        cn_tensor ids = cn_tensor_2d(CN_I32, T, 2, idb);
+        view yg = view_make(2 * T, N, 1);
+        assert_int_equal(cn_op_matmul_gather(bs[1], &yg.t, wp, 2, &x.t, &ids), CN_OK);
+        for (int64_t t = 0; t < 2 * T; t++)
+            assert_memory_equal(at(&yg, t, 0), at(&y[0], t / 2, 0), (size_t)N * sizeof(float));
+        view_check_pad(&yg);
+        view_free(&yg);
+        free(idb);
+        for (int i = 0; i < 2; i++) view_free(&y[i]);
+        view_free(&x);
+        weight_free(&w);
+    }
+    for (int i = 0; i < 2; i++) cn_backend_free(bs[i]);
+}
+
 /* Every E4M3 code through each ISA's decoding, exactly: one-hot rows of x pick single weights. */
 static void test_matmul_f8_every_code(void **state) {
     (void)state;
@@ -1550,6 +1604,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_all_dtypes_and_odd_sizes),
         cmocka_unit_test(test_matmul_simd_matches_scalar_and_threads_agree),
         cmocka_unit_test(test_matmul_decode_streams_match_rows),
+        cmocka_unit_test(test_matmul_bf16_prefill_rows_match_decode),
         cmocka_unit_test(test_matmul_f8_every_code),
         cmocka_unit_test(test_matmul_unsupported_weight),
         cmocka_unit_test(test_matmul_gather),

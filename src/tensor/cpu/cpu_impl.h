@@ -55,9 +55,11 @@ typedef struct cpu_wmat {
 /* Most x rows one matmul tile takes (each weight row loaded once is used for all of them). */
 #define CPU_MM_ROWS 4
 /* Weight rows of a prefill task (16 rows of K <= 4096 bf16 stay in L2 across row groups). A tile
- * given more rows is one of a short matmul's tasks (at most CPU_MM_ROWS x rows: decode, a
+ * given more rows is one of a short matmul's tasks (at most 2 CPU_MM_ROWS x rows: decode, a
  * speculative verify) and walks them as streams of consecutive rows (cpu_matmul.c). */
 #define CPU_MM_NB 16
+/* Weight rows of a prefill task run by mm_rows (the panel streams them past x rows held in L1). */
+#define CPU_MM_PNB 64
 
 /* One attention task of the vectorised path: hb query heads that share one kv head, one query,
  * keys [s0, s1). Cache row s of that kv head starts at k0 + s * k_stride (v0 likewise). Writes the
@@ -85,6 +87,10 @@ typedef struct cpu_att_args {
 typedef struct cpu_kernels {
     /* yr[r][n] = scale * dot(w row n, xr[r]) for r < R (1..CPU_MM_ROWS), n in [n0, n1). */
     void (*mm_tile)(const cpu_wmat *w, const float *const *xr, float *const *yr, int R,
+                    int64_t n0, int64_t n1);
+    /* BF16 prefill: mm_tile's outputs, bit for bit, for any number T of x rows and n1 - n0 <=
+     * CPU_MM_PNB weight rows (NULL: cpu_matmul runs mm_tile over groups of CPU_MM_ROWS). */
+    void (*mm_rows)(const cpu_wmat *w, const float *const *xr, float *const *yr, int T,
                     int64_t n0, int64_t n1);
     /* scale * dot(row, x) over K values (row: one weight/cache row of w's dtype). */
     float (*dot_w)(const cpu_wmat *w, const char *row, const float *x);

@@ -9,6 +9,10 @@
  * 4) runs of consecutive rows at once, and runs of a few hundred rows keep the hardware
  * prefetchers streaming where 16-row blocks restarted them every 2 rows: a verify of two rows
  * reads its weights at decode's rate instead of at half of it.
+ * BF16 prefill on AVX-512 (more than 2 CPU_MM_ROWS x rows) takes tasks of MM_PTB x rows by CPU_MM_PNB
+ * weight rows through the kernel table's mm_rows (cpu_kernels.c: a panel that holds a chunk of x
+ * in L1 while the block's weight rows stream past it), which reads x a quarter as often as 16-row
+ * blocks did; its outputs are mm_tile's bits, so decode and verify rows still equal prefill's.
  * Index tensors are checked before anything is written: an id out of range gives CN_EINVAL.
  * NVFP4 weights read activations quantized once per call into the backend's scratch (cpu_impl.h:
  * CPU_XQ layout), so the per-token path allocates nothing once the scratch has grown.
@@ -19,7 +23,8 @@
 #include "base/error.h"
 #include "tensor/cpu/cpu_impl.h"
 
-#define MM_TB 64 /* x rows per task */
+#define MM_TB 64  /* x rows per task */
+#define MM_PTB 96 /* x rows per task of the kernel table's mm_rows (16 of its 6-row tiles) */
 #define MM_NB_SHORT 1024 /* up to 2 CPU_MM_ROWS x rows: weight rows per task at most */
 #define MM_SHORT_L2 (384 << 10) /* 5-8 x rows: bytes of a task's weight block at most */
 
@@ -42,12 +47,13 @@ static cpu_wmat wmat_of(const cpu_ctx *c, const cn_tensor *w) {
     return m;
 }
 
-/* Weight rows per task: CPU_MM_NB, or for up to 2 CPU_MM_ROWS x rows (decode, a speculative
- * verify of up to 7 drafts) N / (8 n_threads) rounded down to a multiple of 8, within
- * [CPU_MM_NB, MM_NB_SHORT]: 8 tasks a thread (the pool's claims even them out) and the longest
- * runs that allows. Past CPU_MM_ROWS x rows a block is walked twice, the second time from L2:
- * it is kept within MM_SHORT_L2 bytes. */
-static int64_t rows_per_task(const cpu_ctx *c, int64_t T, int64_t N, int64_t row_bytes) {
+/* Weight rows per task: CPU_MM_PNB on the panel; CPU_MM_NB; or for up to 2 CPU_MM_ROWS x rows
+ * (decode, a speculative verify of up to 7 drafts) N / (8 n_threads) rounded down to a multiple
+ * of 8, within [CPU_MM_NB, MM_NB_SHORT]: 8 tasks a thread (the pool's claims even them out) and
+ * the longest runs that allows. Past CPU_MM_ROWS x rows a block is walked twice, the second time
+ * from L2: it is kept within MM_SHORT_L2 bytes. */
+static int64_t rows_per_task(const cpu_ctx *c, int64_t T, int64_t N, int64_t row_bytes, int panel) {
+    if (panel) return CPU_MM_PNB;
     if (T > 2 * CPU_MM_ROWS) return CPU_MM_NB;
     int64_t nb = N / (8 * (int64_t)c->n_threads);
     if (nb > MM_NB_SHORT) nb = MM_NB_SHORT;
@@ -88,6 +94,13 @@ static void tile(const cpu_kernels *kern, const cpu_wmat *w, const float *const 
     }
 }
 
+/* Whether a call of T x rows runs on the kernel table's mm_rows panel: prefill (more than
+ * 2 CPU_MM_ROWS rows: fewer stream like decode, rows_per_task) of BF16 weights where the ISA has
+ * one. */
+static int use_panel(const cpu_ctx *c, int64_t T, cn_dtype dt) {
+    return c->kern.mm_rows && T > 2 * CPU_MM_ROWS && dt == CN_BF16;
+}
+
 /* ---- dense ---- */
 
 typedef struct mm_job {
@@ -99,6 +112,7 @@ typedef struct mm_job {
     int64_t T, N;
     int64_t nb; /* weight rows per task */
     int n_tb;   /* row blocks */
+    int panel;  /* use_panel */
 } mm_job;
 
 static void mm_task(void *arg, int begin, int end) {
@@ -107,7 +121,18 @@ static void mm_task(void *arg, int begin, int end) {
         /* consecutive tasks share a weight block, so a thread's range reuses it from cache */
         int64_t nb = i / j->n_tb, tb = i % j->n_tb;
         int64_t n0 = nb * j->nb, n1 = n0 + j->nb < j->N ? n0 + j->nb : j->N;
-        int64_t t0 = tb * MM_TB, t1 = t0 + MM_TB < j->T ? t0 + MM_TB : j->T;
+        const int64_t tbr = j->panel ? MM_PTB : MM_TB;
+        int64_t t0 = tb * tbr, t1 = t0 + tbr < j->T ? t0 + tbr : j->T;
+        if (j->panel) {
+            const float *xr[MM_PTB];
+            float *yr[MM_PTB];
+            for (int64_t t = t0; t < t1; t++) {
+                xr[t - t0] = cpu_row(j->x, t);
+                yr[t - t0] = cpu_row(j->y, t);
+            }
+            j->kern->mm_rows(&j->w, xr, yr, (int)(t1 - t0), n0, n1);
+            continue;
+        }
         for (int64_t t = t0; t < t1; t += CPU_MM_ROWS) {
             const float *xr[CPU_MM_ROWS];
             const int8_t *xq[CPU_MM_ROWS] = {NULL};
@@ -136,8 +161,10 @@ int cpu_matmul(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor 
         quantize_rows(c, x, xq);
         j.xq = xq;
     }
-    j.n_tb = (int)((j.T + MM_TB - 1) / MM_TB);
-    j.nb = rows_per_task(c, j.T, j.N, j.w.stride);
+    j.panel = use_panel(c, j.T, w->dtype);
+    const int64_t tbr = j.panel ? MM_PTB : MM_TB;
+    j.n_tb = (int)((j.T + tbr - 1) / tbr);
+    j.nb = rows_per_task(c, j.T, j.N, j.w.stride, j.panel);
     int n_nb = (int)((j.N + j.nb - 1) / j.nb);
     cpu_parallel(c, n_nb * j.n_tb, j.T * j.N * j.w.K, mm_task, &j);
     return CN_OK;
@@ -163,6 +190,7 @@ typedef struct gather_job {
     const gather_seg *segs;
     const int8_t *xq; /* x rows quantized when some expert is NVFP4, else NULL */
     int64_t xq_bytes;
+    int panel; /* every expert runs on mm_rows (use_panel) */
 } gather_job;
 
 static void gather_task(void *arg, int begin, int end) {
@@ -172,6 +200,17 @@ static void gather_task(void *arg, int begin, int end) {
         int64_t n0 = (int64_t)(i % j->n_nb) * j->nb;
         int64_t n1 = n0 + j->nb < j->N ? n0 + j->nb : j->N;
         cpu_wmat w = wmat_of(j->c, j->w[s->expert]);
+        if (j->panel) {
+            const float *xr[MM_PTB];
+            float *yr[MM_PTB];
+            for (int p = s->begin; p < s->end; p++) {
+                int row = j->order[p];
+                xr[p - s->begin] = cpu_row(j->x, j->x_per_token ? row / j->k : row);
+                yr[p - s->begin] = cpu_row(j->y, row);
+            }
+            j->c->kern.mm_rows(&w, xr, yr, s->end - s->begin, n0, n1);
+            continue;
+        }
         for (int p = s->begin; p < s->end; p += CPU_MM_ROWS) {
             const float *xr[CPU_MM_ROWS];
             const int8_t *xq[CPU_MM_ROWS] = {NULL};
@@ -222,12 +261,15 @@ int cpu_matmul_gather(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, in
         }
     }
     for (int e = 0; e < n_w; e++) start[e + 1] += start[e];
+    int panel = 1;
+    for (int e = 0; e < n_w; e++) panel &= use_panel(c, T, w[e]->dtype);
+    const int seg = panel ? MM_PTB : MM_TB;
     int n_segs = 0;
-    for (int e = 0; e < n_w; e++) /* segments of <= MM_TB rows, in expert order */
-        for (int p = start[e]; p < start[e + 1]; p += MM_TB) {
+    for (int e = 0; e < n_w; e++) /* segments of <= seg rows, in expert order */
+        for (int p = start[e]; p < start[e + 1]; p += seg) {
             segs[n_segs].expert = e;
             segs[n_segs].begin = p;
-            segs[n_segs].end = start[e + 1] - p < MM_TB ? start[e + 1] : p + MM_TB;
+            segs[n_segs].end = start[e + 1] - p < seg ? start[e + 1] : p + seg;
             n_segs++;
         }
     for (int64_t t = 0; t < T; t++) { /* start[e] becomes the next free slot of expert e */
@@ -240,7 +282,8 @@ int cpu_matmul_gather(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, in
                     .xq = xq, .xq_bytes = xq_bytes};
     j.x_per_token = x->shape[0] == T; /* with k == 1 both readings agree */
     j.N = y->shape[1];
-    j.nb = rows_per_task(c, T, j.N, w[0]->stride[0]);
+    j.panel = panel;
+    j.nb = rows_per_task(c, T, j.N, w[0]->stride[0], j.panel);
     j.n_nb = (int)((j.N + j.nb - 1) / j.nb);
     cpu_parallel(c, n_segs * j.n_nb, rows * j.N * x->shape[1], gather_task, &j);
     return CN_OK;
