@@ -21,8 +21,10 @@ static void tu_fresh_dir(const char *name, char *out, size_t n) {
     const char *base = getenv("CAIRN_TMP");
     if (!base || !*base) base = "/tmp";
     char cmd[1200];
-    snprintf(out, n, "%s/%s", base, name);
-    snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", out, out);
+    int w = snprintf(out, n, "%s/%s", base, name);
+    assert_true(w > 0 && (size_t)w < n); /* a truncated path would name another folder */
+    w = snprintf(cmd, sizeof cmd, "rm -rf '%s' && mkdir -p '%s'", out, out);
+    assert_true(w > 0 && (size_t)w < sizeof cmd);
     assert_int_equal(system(cmd), 0);
 }
 

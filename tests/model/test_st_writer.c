@@ -104,11 +104,11 @@ static void test_single_file(void **state) {
     tu_st_open(&s, dir, "model.safetensors");
     assert_string_equal(tu_st_shape(&s, "a.f32", shape, sizeof shape), "[3,5]");
     assert_string_equal(tu_st_shape(&s, "scalar", shape, sizeof shape), "[]");
-    uint64_t nb;
+    uint64_t nb = 0;
     assert_non_null(tu_st_tensor(&s, "scalar", &nb, NULL));
     assert_int_equal(nb, 4);
     /* element size descending: the F64 tensor comes first, the U8 last */
-    uint64_t nb2;
+    uint64_t nb2 = 0;
     assert_ptr_equal(tu_st_tensor(&s, "d \"quoted\"", &nb2, NULL), s.data);
     tu_st_close(&s);
     cn_st_writer_free(w);
@@ -128,7 +128,7 @@ static void test_chunks_cover_large_tensor(void **state) {
     assert_int_equal(fs.max_chunk, CN_ST_CHUNK);
     tu_st s;
     tu_st_open(&s, dir, "model.safetensors");
-    uint64_t nb;
+    uint64_t nb = 0;
     const unsigned char *p = tu_st_tensor(&s, "big", &nb, NULL);
     assert_int_equal(nb, (uint64_t)n * 4);
     for (uint64_t k = 0; k < nb; k++)
@@ -169,7 +169,7 @@ static void test_sharded(void **state) {
         tu_st s;
         tu_st_open(&s, dir, file);
         assert_int_equal(cJSON_GetArraySize(s.hdr), 3);
-        uint64_t nb;
+        uint64_t nb = 0;
         const unsigned char *p = tu_st_tensor(&s, name, &nb, NULL);
         assert_non_null(p);
         assert_int_equal(nb, 1000);
