@@ -237,6 +237,10 @@ static int matmul_out(cn_model *m, int acc, cn_tensor *y, const cn_tensor *w, co
 
 /* A piece of a batch ends at `end` (tokens into the piece); capture >= 0 names the snapshot that
  * receives the recurrent state there. */
+/* Captures a piece is cut at, at most (more shorten the piece): its segments are these and the
+ * rest. */
+#define PIECE_CAPS 64
+
 typedef struct segment {
     int end;
     int capture;
@@ -268,15 +272,15 @@ static int mamba_mixer(cn_model *m, const cn_mamba_w *w, cn_layer_state *ls, int
     /* With captures, one conv and one scan over the whole piece where the backend writes the
      * captured states as it passes them (cn_state_caps): the same states, bit for bit, without
      * the calls and the copies of the live state that cutting at each capture costs. */
-    int rows_at[65], n_cap = 0;
-    cn_tensor *cap_conv[65], *cap_ssm[65];
-    for (int i = 0; i < n_seg && n_seg <= 65; i++) {
+    int rows_at[PIECE_CAPS], n_cap = 0;
+    cn_tensor *cap_conv[PIECE_CAPS], *cap_ssm[PIECE_CAPS];
+    for (int i = 0; i < n_seg; i++) {
         if (seg[i].capture < 0) continue;
         rows_at[n_cap] = seg[i].end;
         cap_conv[n_cap] = &caps[seg[i].capture].conv[mamba_idx];
         cap_ssm[n_cap++] = &caps[seg[i].capture].ssm[mamba_idx];
     }
-    if (n_cap > 0 && n_seg <= 65 && rows_at[0] >= 1 && cn_backend_has_state_caps(b)) {
+    if (n_cap > 0 && rows_at[0] >= 1 && cn_backend_has_state_caps(b)) {
         const cn_state_caps cc = {.n = n_cap, .rows = rows_at, .states = cap_conv};
         const cn_state_caps sc = {.n = n_cap, .rows = rows_at, .states = cap_ssm};
         CHECK(cn_op_conv1d_caps(b, &conv, &xbc, &w->conv_w, w->conv_b.data ? &w->conv_b : NULL,
@@ -644,18 +648,19 @@ int cn_model_forward(cn_model *m, cn_state *st, cn_batch *bt) {
     cn_backend *b = m->b;
     const int U = m->s.ubatch;
     const int64_t V = m->cfg.vocab_size, H = m->cfg.hidden_size;
-    segment seg[65];
+    segment seg[PIECE_CAPS + 1];
     int offset = st->offset, next_cap = 0;
     for (int done = 0; done < bt->n;) {
         int T = bt->n - done < U ? bt->n - done : U;
-        /* Cut this piece at the captures inside it (at most 64 per piece; more shortens it). */
+        /* Cut this piece at the captures inside it (at most PIECE_CAPS; more shorten it). */
         int n_seg = 0;
-        while (next_cap < bt->n_capture && bt->capture_at[next_cap] <= offset + T && n_seg < 64) {
+        while (next_cap < bt->n_capture && bt->capture_at[next_cap] <= offset + T &&
+               n_seg < PIECE_CAPS) {
             seg[n_seg].end = bt->capture_at[next_cap] - offset;
             seg[n_seg].capture = next_cap++;
             n_seg++;
         }
-        if (n_seg == 64) T = seg[63].end;
+        if (n_seg == PIECE_CAPS) T = seg[PIECE_CAPS - 1].end;
         if (n_seg == 0 || seg[n_seg - 1].end < T) seg[n_seg++] = (segment){T, -1};
         cn_tensor ids = cn_tensor_rows(&m->s.ids, 0, T), x = rows(&m->s.x, T);
         ids.ndim = 1;

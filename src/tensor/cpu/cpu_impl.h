@@ -54,10 +54,6 @@ typedef struct cpu_wmat {
 
 /* Most x rows one matmul tile takes (each weight row loaded once is used for all of them). */
 #define CPU_MM_ROWS 4
-/* Weight rows of a prefill task (16 rows of K <= 4096 bf16 stay in L2 across row groups). A tile
- * given more rows is one of a short matmul's tasks (at most 2 CPU_MM_ROWS x rows: decode, a
- * speculative verify) and walks them as streams of consecutive rows (cpu_matmul.c). */
-#define CPU_MM_NB 16
 /* Weight rows of a prefill task run by mm_rows (the panel streams them past x rows held in L1). */
 #define CPU_MM_PNB 64
 

@@ -454,31 +454,14 @@ A5_IN void a5_stream(int dt, int R, const cpu_wmat *w, const float *const *xr, f
     for (; n < n1; n++) a5_block(dt, R, 1, w, xr, yr, n, 1);
 }
 
+/* Every tile walks its weight rows as streams (a5_stream): a prefill task's 16 rows as 4 or 8
+ * streams of a few rows, a short matmul's task (cpu_matmul.c) as runs of hundreds. */
 A5_IN void a5_tile_dt(int dt, const cpu_wmat *w, const float *const *xr, float *const *yr, int R,
                       int64_t n0, int64_t n1) {
-    int64_t n = n0;
-    if (n1 - n0 > CPU_MM_NB) { /* one task of a short matmul's (cpu_matmul.c) */
-        switch (R) {
-        case 4: a5_stream(dt, 4, w, xr, yr, n0, n1); return;
-        case 3: a5_stream(dt, 3, w, xr, yr, n0, n1); return;
-        case 2: a5_stream(dt, 2, w, xr, yr, n0, n1); return;
-        default: a5_stream(dt, 1, w, xr, yr, n0, n1); return;
-        }
-    }
     switch (R) {
-    case 4:
-        for (; n + 4 <= n1; n += 4) a5_block(dt, 4, 4, w, xr, yr, n, 1);
-        for (; n < n1; n++) a5_block(dt, 4, 1, w, xr, yr, n, 1);
-        break;
-    case 3:
-        for (; n + 4 <= n1; n += 4) a5_block(dt, 3, 4, w, xr, yr, n, 1);
-        for (; n < n1; n++) a5_block(dt, 3, 1, w, xr, yr, n, 1);
-        break;
-    case 2:
-        for (; n + 8 <= n1; n += 8) a5_block(dt, 2, 8, w, xr, yr, n, 1);
-        for (; n + 4 <= n1; n += 4) a5_block(dt, 2, 4, w, xr, yr, n, 1);
-        for (; n < n1; n++) a5_block(dt, 2, 1, w, xr, yr, n, 1);
-        break;
+    case 4: a5_stream(dt, 4, w, xr, yr, n0, n1); break;
+    case 3: a5_stream(dt, 3, w, xr, yr, n0, n1); break;
+    case 2: a5_stream(dt, 2, w, xr, yr, n0, n1); break;
     default: a5_stream(dt, 1, w, xr, yr, n0, n1); break;
     }
 }

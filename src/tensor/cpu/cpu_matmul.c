@@ -24,6 +24,7 @@
 #include "tensor/cpu/cpu_impl.h"
 
 #define MM_TB 64  /* x rows per task */
+#define MM_NB 16  /* weight rows per prefill task (16 of K <= 4096 bf16 stay in L2) */
 #define MM_PTB 96 /* x rows per task of the kernel table's mm_rows (16 of its 6-row tiles) */
 #define MM_NB_SHORT 1024 /* up to 2 CPU_MM_ROWS x rows: weight rows per task at most */
 #define MM_SHORT_L2 (384 << 10) /* 5-8 x rows: bytes of a task's weight block at most */
@@ -47,19 +48,19 @@ static cpu_wmat wmat_of(const cpu_ctx *c, const cn_tensor *w) {
     return m;
 }
 
-/* Weight rows per task: CPU_MM_PNB on the panel; CPU_MM_NB; or for up to 2 CPU_MM_ROWS x rows
+/* Weight rows per task: CPU_MM_PNB on the panel; MM_NB; or for up to 2 CPU_MM_ROWS x rows
  * (decode, a speculative verify of up to 7 drafts) N / (8 n_threads) rounded down to a multiple
- * of 8, within [CPU_MM_NB, MM_NB_SHORT]: 8 tasks a thread (the pool's claims even them out) and
+ * of 8, within [MM_NB, MM_NB_SHORT]: 8 tasks a thread (the pool's claims even them out) and
  * the longest runs that allows. Past CPU_MM_ROWS x rows a block is walked twice, the second time
  * from L2: it is kept within MM_SHORT_L2 bytes. */
 static int64_t rows_per_task(const cpu_ctx *c, int64_t T, int64_t N, int64_t row_bytes, int panel) {
     if (panel) return CPU_MM_PNB;
-    if (T > 2 * CPU_MM_ROWS) return CPU_MM_NB;
+    if (T > 2 * CPU_MM_ROWS) return MM_NB;
     int64_t nb = N / (8 * (int64_t)c->n_threads);
     if (nb > MM_NB_SHORT) nb = MM_NB_SHORT;
     if (T > CPU_MM_ROWS && row_bytes > 0 && nb > MM_SHORT_L2 / row_bytes) nb = MM_SHORT_L2 / row_bytes;
     nb &= ~(int64_t)7;
-    return nb > CPU_MM_NB ? nb : CPU_MM_NB;
+    return nb > MM_NB ? nb : MM_NB;
 }
 
 /* ---- NVFP4 activations ---- */
