@@ -136,28 +136,40 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(att_args a) {
 }
 
 /* Merges the spans of one (query, head) per warp, in span order: the online softmax's rescaling
- * applied across spans. Span 0 always holds key 0, so the overall max is finite. */
+ * applied across spans. Span 0 always holds key 0, so the overall max is finite. The spans' max
+ * and sum are read 32 at a time, one per lane, and their weights broadcast from there: the
+ * accumulator rows' loads then depend on nothing loaded, so they stream instead of waiting one
+ * span at a time on a loaded sum (at 8k keys, 256 spans, that chain was most of a decode step's
+ * attention). The sums run in span order as before, so the result is the same. */
 __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention_merge(att_args a) {
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const int64_t item = (int64_t)blockIdx.x * ATT_WARPS + wid;
     if (item >= (int64_t)a.T * a.Hq) return;
     const int t = (int)(item / a.Hq), h = (int)(item % a.Hq), Dh = a.Dh;
-    const float *base = a.part + item * a.spans * (int64_t)(Dh + 2);
+    const int64_t rs = Dh + 2;
+    const float *base = a.part + item * a.spans * rs;
     float M = -INFINITY;
-    for (int sp = 0; sp < a.spans; sp++) M = fmaxf(M, base[sp * (int64_t)(Dh + 2) + Dh]);
+    for (int sp = lane; sp < a.spans; sp += 32) M = fmaxf(M, base[sp * rs + Dh]);
+    M = cu_warp_max(M);
     float acc[ATT_PER_LANE], L = 0.0f;
 #pragma unroll
     for (int i = 0; i < ATT_PER_LANE; i++) acc[i] = 0.0f;
-    for (int sp = 0; sp < a.spans; sp++) {
-        const float *pr = base + sp * (int64_t)(Dh + 2);
-        const float l = pr[Dh + 1];
-        if (l == 0.0f) continue; /* an empty span */
-        const float w = expf(pr[Dh] - M);
-        L = fmaf(l, w, L);
+    for (int s0 = 0; s0 < a.spans; s0 += 32) {
+        const int sp = s0 + lane;
+        const float ml = sp < a.spans ? base[sp * rs + Dh + 1] : 0.0f;
+        const float mw = ml != 0.0f ? expf(base[sp * rs + Dh] - M) : 0.0f;
+        const int n = a.spans - s0 < 32 ? a.spans - s0 : 32;
+#pragma unroll 4
+        for (int j = 0; j < n; j++) {
+            const float l = __shfl_sync(0xffffffffu, ml, j), w = __shfl_sync(0xffffffffu, mw, j);
+            if (l == 0.0f) continue; /* an empty span */
+            const float *pr = base + (s0 + j) * rs;
+            L = fmaf(l, w, L);
 #pragma unroll
-        for (int i = 0; i < ATT_PER_LANE; i++) {
-            const int d = lane + 32 * i;
-            if (d < Dh) acc[i] = fmaf(pr[d], w, acc[i]);
+            for (int i = 0; i < ATT_PER_LANE; i++) {
+                const int d = lane + 32 * i;
+                if (d < Dh) acc[i] = fmaf(pr[d], w, acc[i]);
+            }
         }
     }
     const float inv = 1.0f / L;
