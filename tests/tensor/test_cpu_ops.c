@@ -835,6 +835,55 @@ static void test_ssm_scan_threads_and_scalar(void **state) {
     ssm_case_free(&s);
 }
 
+/* A scan from another state: the bits of copying it in and scanning in place, for one token, a
+ * verify's few (state rows 8 at a time) and a prefill's many, on every ISA; the state it starts
+ * from is left as it was; the same buffer twice or another shape is refused, writing nothing. */
+static void test_ssm_scan_from_equal_copy(void **state) {
+    (void)state;
+    const int lens[3] = {1, 5, 12};
+    for (int isa = 0; isa < N_ISA; isa++) {
+        cn_backend *b = backend(3, isa);
+        for (int li = 0; li < 3; li++) {
+            rng r = {16};
+            ssm_case s;
+            ssm_case_init(&s, &r, 4, 20, 2, 32, lens[li]);
+            const size_t n = (size_t)s.H * s.P * s.N;
+            float *from = malloc(n * sizeof(float)), *st = malloc(n * sizeof(float));
+            float *ref = malloc(n * sizeof(float));
+            memcpy(from, s.state0, n * sizeof(float));
+            memcpy(ref, s.state0, n * sizeof(float));
+            for (size_t i = 0; i < n; i++) st[i] = SENTINEL;
+            view y = view_make(s.T, (int64_t)s.H * s.P, 2), y2 = view_make(s.T, (int64_t)s.H * s.P, 2);
+            assert_int_equal(ssm_run(b, &s, &y2, ref, 0, s.T, 0), CN_OK);
+            cn_tensor tf = cn_tensor_2d(CN_F32, s.H, (int64_t)s.P * s.N, from);
+            cn_tensor ts = cn_tensor_2d(CN_F32, s.H, (int64_t)s.P * s.N, st);
+            assert_int_equal(cn_op_ssm_scan_from(b, &y.t, &s.x.t, &s.dt.t, &s.B.t, &s.C.t, &s.a, &ts, &tf),
+                             CN_OK);
+            assert_true(views_equal(&y, &y2));
+            assert_memory_equal(st, ref, n * sizeof(float));
+            assert_memory_equal(from, s.state0, n * sizeof(float));
+            if (li == 0) {
+                cn_tensor wide = cn_tensor_2d(CN_F32, s.H - 1, (int64_t)s.P * s.N, from);
+                view y3 = view_make(s.T, (int64_t)s.H * s.P, 2);
+                assert_int_equal(cn_op_ssm_scan_from(b, &y3.t, &s.x.t, &s.dt.t, &s.B.t, &s.C.t, &s.a,
+                                                     &ts, &ts), CN_EINVAL);
+                assert_int_equal(cn_op_ssm_scan_from(b, &y3.t, &s.x.t, &s.dt.t, &s.B.t, &s.C.t, &s.a,
+                                                     &ts, &wide), CN_EINVAL);
+                assert_memory_equal(st, ref, n * sizeof(float));
+                assert_true(*at(&y3, 0, 0) == SENTINEL);
+                view_free(&y3);
+            }
+            free(from);
+            free(st);
+            free(ref);
+            view_free(&y);
+            view_free(&y2);
+            ssm_case_free(&s);
+        }
+        cn_backend_free(b);
+    }
+}
+
 /* ---------------------------------------------------------------- captures inside one call */
 
 /* conv1d and the scan with captures (cn_state_caps) against the same op cut into calls that end
@@ -1616,6 +1665,7 @@ int main(void) {
         cmocka_unit_test(test_ssm_scan_reference),
         cmocka_unit_test(test_ssm_scan_threads_and_scalar),
         cmocka_unit_test(test_ssm_scan_rows8_equal_steps),
+        cmocka_unit_test(test_ssm_scan_from_equal_copy),
         cmocka_unit_test(test_state_caps_equal_segments),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_threads_agree),
