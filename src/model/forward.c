@@ -656,6 +656,15 @@ static void free_captures(cn_model *m, cn_batch *bt) {
 int cn_model_forward(cn_model *m, cn_state *st, cn_batch *bt) {
     int rc = check_batch(m, st, bt);
     if (rc) return rc;
+    /* a replay serves a batch of one piece with more than one row (a verify); its captures
+     * may have no SSM buffers, so there is no falling back to them */
+    cn_replay *rp = bt->replay;
+    if (rp) {
+        rp->rows = 0;
+        if (bt->n < 2 || bt->n > rp->max_rows || bt->n > m->s.ubatch || !bt->captures_ready ||
+            bt->n_capture > PIECE_CAPS || rp->n_layers != m->n_mamba || m->n_swa)
+            return CN_EINVAL;
+    }
     rc = alloc_captures(st, bt);
     if (rc) {
         free_captures(m, bt);
@@ -666,14 +675,6 @@ int cn_model_forward(cn_model *m, cn_state *st, cn_batch *bt) {
     const int64_t V = m->cfg.vocab_size, H = m->cfg.hidden_size;
     segment seg[PIECE_CAPS + 1];
     int offset = st->offset, next_cap = 0;
-    /* a replay serves a batch of one piece with more than one row (a verify) */
-    cn_replay *rp = bt->replay;
-    if (rp) {
-        rp->rows = 0;
-        if (bt->n < 2 || bt->n > rp->max_rows || bt->n > U || !bt->captures_ready ||
-            bt->n_capture > PIECE_CAPS || rp->n_layers != m->n_mamba || m->n_swa)
-            rp = NULL;
-    }
     for (int done = 0; done < bt->n;) {
         int T = bt->n - done < U ? bt->n - done : U;
         /* Cut this piece at the captures inside it (at most PIECE_CAPS; more shorten it). */

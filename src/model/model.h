@@ -117,9 +117,11 @@ typedef struct cn_batch {
                             * (cn_state_snapshot_alloc) and are only filled: the forward neither
                             * allocates nor frees them, so a caller that captures every round
                             * (speculation) keeps its pages mapped and warm */
-    cn_replay *replay;     /* (optional) with captures_ready and n <= replay->max_rows <= the
-                            * model's ubatch: the captures get their conv tails only, their SSM
-                            * states come from cn_model_replay (the replay is filled instead) */
+    cn_replay *replay;     /* (optional) with captures_ready, 2 <= n <= replay->max_rows and
+                            * at most 64 captures (else CN_EINVAL): the captures get their conv
+                            * tails only (their SSM tensors may hold no buffer,
+                            * cn_state_snapshot_alloc_conv), the SSM states come from
+                            * cn_model_replay */
 } cn_batch;
 
 /* Opens the checkpoint in dir on backend b (which the caller owns and frees after the model). */

@@ -489,11 +489,15 @@ static void test_replay_restore(void **st) {
     const int n = g.n_prompt, k = 5, p = n - k - 4; /* prefix, the verify, then 4 more */
     const int32_t *tok = g.prompt;
     int at[4];
-    cn_rsnap caps[4];
+    cn_rsnap caps[4], convs[4]; /* SSM states captured, or conv tails only (the replay's) */
     for (int i = 0; i < k - 1; i++) at[i] = p + 1 + i;
     cn_state *s;
     assert_int_equal(cn_state_create(&s, f.m, n, 0), 0);
-    for (int i = 0; i < k - 1; i++) assert_int_equal(cn_state_snapshot_alloc(s, &caps[i]), 0);
+    for (int i = 0; i < k - 1; i++) {
+        assert_int_equal(cn_state_snapshot_alloc(s, &caps[i]), 0);
+        assert_int_equal(cn_state_snapshot_alloc_conv(s, &convs[i]), 0);
+        assert_null(convs[i].ssm[0].data);
+    }
     cn_replay rp;
     assert_int_equal(cn_replay_alloc(s, 8, &rp), 0);
     float *lv = malloc((size_t)k * f.V * sizeof *lv), *lv2 = malloc((size_t)k * f.V * sizeof *lv2);
@@ -504,19 +508,26 @@ static void test_replay_restore(void **st) {
             cn_batch pre = {.tokens = tok, .n = p};
             assert_int_equal(cn_model_forward(f.m, s, &pre), 0);
             cn_batch v = {.tokens = tok + p, .n = k, .all_logits = 1, .logits = with ? lv2 : lv,
-                          .capture_at = at, .n_capture = k - 1, .captures = caps,
+                          .capture_at = at, .n_capture = k - 1, .captures = with ? convs : caps,
                           .captures_ready = 1, .replay = with ? &rp : NULL};
+            if (with) { /* one row is no verify: refused, with nothing run */
+                cn_batch one = v;
+                one.n = 1;
+                one.n_capture = 1;
+                assert_int_equal(cn_model_forward(f.m, s, &one), CN_EINVAL);
+                assert_int_equal(s->offset, p);
+            }
             assert_int_equal(cn_model_forward(f.m, s, &v), 0);
             if (with) {
                 assert_int_equal(rp.rows, k);
                 assert_int_equal(rp.offset, p);
-                cn_rsnap early = caps[c];
+                cn_rsnap early = convs[c];
                 early.offset = p; /* not inside the verify */
                 assert_int_equal(cn_model_replay(f.m, s, &rp, &early), CN_EINVAL);
                 assert_int_equal(s->offset, p + k);
-                assert_int_equal(cn_model_replay(f.m, s, &rp, &caps[c]), 0);
+                assert_int_equal(cn_model_replay(f.m, s, &rp, &convs[c]), 0);
                 assert_int_equal(rp.rows, 0);
-                assert_int_equal(cn_model_replay(f.m, s, &rp, &caps[c]), CN_EINVAL);
+                assert_int_equal(cn_model_replay(f.m, s, &rp, &convs[c]), CN_EINVAL);
             } else {
                 assert_int_equal(cn_state_restore_take(s, &caps[c]), 0);
             }
@@ -529,7 +540,10 @@ static void test_replay_restore(void **st) {
         assert_memory_equal(lr, lr2, (size_t)(n - at[c]) * f.V * sizeof *lr);
     }
     cn_replay_free(f.m, &rp);
-    for (int i = 0; i < k - 1; i++) cn_rsnap_free(f.m, &caps[i]);
+    for (int i = 0; i < k - 1; i++) {
+        cn_rsnap_free(f.m, &caps[i]);
+        cn_rsnap_free(f.m, &convs[i]);
+    }
     cn_state_free(s);
     free(lv);
     free(lv2);
