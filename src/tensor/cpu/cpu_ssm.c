@@ -26,45 +26,52 @@ typedef struct conv_job {
     int64_t T, C, K;
 } conv_job;
 
-/* in(t, c) for t in [-(K-1), T): state rows hold t < 0, oldest first. */
-static inline float conv_in(const conv_job *j, int64_t t, int64_t c) {
-    return t < 0 ? cpu_row(j->state, j->K - 1 + t)[c] : cpu_row(j->x, t)[c];
+#define CONV_KMAX 8 /* taps up to which a task lays its channels' weights out tap by tap */
+
+/* Row t of the input, t in [-(K-1), T): state rows hold t < 0, oldest first. */
+static inline const float *conv_row(const conv_job *j, int64_t t) {
+    return t < 0 ? cpu_row(j->state, j->K - 1 + t) : cpu_row(j->x, t);
 }
 
 static void conv_task(void *arg, int begin, int end) {
     const conv_job *j = arg;
     const int64_t K = j->K, ws = j->w->stride[0] / (int64_t)sizeof(float);
+    float wt[CONV_KMAX][CONV_CB]; /* the block's weights, tap by tap: rows the loops vectorise */
     for (int blk = begin; blk < end; blk++) {
         int64_t c0 = (int64_t)blk * CONV_CB, c1 = c0 + CONV_CB < j->C ? c0 + CONV_CB : j->C;
         const int64_t n = c1 - c0;
-        /* tap by tap over a row of channels (vectorised), each output summed in the order
-         * bias, tap 0, .., tap K-1: the sums of a channel-by-channel loop, bit for bit */
+        const int laid = K <= CONV_KMAX;
+        for (int64_t k = 0; laid && k < K; k++)
+            for (int64_t c = 0; c < n; c++) wt[k][c] = cpu_row(j->w, c0 + c)[k];
+        /* tap by tap over a row of channels, each output summed in the order bias, tap 0, ..,
+         * tap K-1: the sums of a channel-by-channel loop, bit for bit */
         for (int64_t t = 0; t < j->T; t++) {
             float *restrict y = cpu_row(j->y, t) + c0;
             for (int64_t c = 0; c < n; c++) y[c] = j->bias ? j->bias[c0 + c] : 0.0f;
             for (int64_t k = 0; k < K; k++) {
-                const int64_t src = t - K + 1 + k;
-                const float *restrict in =
-                    (src < 0 ? cpu_row(j->state, K - 1 + src) : cpu_row(j->x, src)) + c0;
-                const float *restrict w = cpu_row(j->w, c0) + k;
-                for (int64_t c = 0; c < n; c++) y[c] += w[c * ws] * in[c];
+                const float *restrict in = conv_row(j, t - K + 1 + k) + c0;
+                if (laid) {
+                    const float *restrict w = wt[k];
+                    for (int64_t c = 0; c < n; c++) y[c] += w[c] * in[c];
+                } else {
+                    const float *restrict w = cpu_row(j->w, c0) + k;
+                    for (int64_t c = 0; c < n; c++) y[c] += w[c * ws] * in[c];
+                }
             }
         }
         /* a capture after r rows holds the inputs at times r - (K-1) .. r - 1, read before the
          * state below is overwritten */
         for (int ci = 0; j->caps && ci < j->caps->n; ci++) {
             const int64_t r = j->caps->rows[ci];
-            for (int64_t i = 0; i < K - 1; i++) {
-                float *dst = cpu_row(j->caps->states[ci], i);
-                for (int64_t c = c0; c < c1; c++) dst[c] = conv_in(j, r - (K - 1) + i, c);
-            }
+            for (int64_t i = 0; i < K - 1; i++)
+                memcpy(cpu_row(j->caps->states[ci], i) + c0, conv_row(j, r - (K - 1) + i) + c0,
+                       (size_t)n * sizeof(float));
         }
-        /* new state row i = input at time T - (K-1) + i; reading row i + T >= i before it is
-         * overwritten keeps this in place */
-        for (int64_t i = 0; i < K - 1; i++) {
-            float *dst = cpu_row(j->state, i);
-            for (int64_t c = c0; c < c1; c++) dst[c] = conv_in(j, j->T - (K - 1) + i, c);
-        }
+        /* new state row i = input at time T - (K-1) + i: row T + i > i of the state or a row of
+         * x, read before it is overwritten, which keeps this in place */
+        for (int64_t i = 0; i < K - 1; i++)
+            memcpy(cpu_row(j->state, i) + c0, conv_row(j, j->T - (K - 1) + i) + c0,
+                   (size_t)n * sizeof(float));
     }
 }
 
