@@ -5,7 +5,9 @@
  * extra pass: Mamba mixers run their conv and scan once over the piece, the backend writing the
  * state at each scheduled capture offset as it passes it (cn_state_caps), or, on a backend
  * without that, in segments that end at those offsets, each followed by a state copy;
- * sliding-window layers copy their window at the same offsets.
+ * sliding-window layers copy their window at the same offsets. A verify with a replay (model.h
+ * cn_replay) writes no SSM state per capture: its scans read the live state and write the state
+ * after the piece into the replay's spare buffer, which then trades places with the live one.
  * Nothing here allocates: scratch is sized at open for `ubatch` tokens and every batch is cut into
  * pieces of at most that many. A one-token piece (decode, an MTP draft) runs as one backend step
  * (backend.h): every op between one upload and the downloads, so a GPU backend waits once per
