@@ -78,7 +78,8 @@ static int ensure_caps(cn_spec *sp, cn_state *live, int d) {
     }
     for (; sp->n_caps_alloc < d; sp->n_caps_alloc++) {
         cn_rsnap *c = &sp->caps[sp->n_caps_alloc];
-        int rc = sp->rp_state > 0 ? cn_state_snapshot_alloc_conv(live, c) : cn_state_snapshot_alloc(live, c);
+        int rc = sp->rp_state > 0 ? cn_state_snapshot_alloc_conv(live, c)
+                                  : cn_state_snapshot_alloc(live, c);
         if (rc) return rc; /* that one freed itself; the ones before stay */
     }
     return CN_OK;

@@ -477,7 +477,8 @@ static int run_layers(cn_model *m, const cn_layer_w *layers, cn_state *st, int o
         else CHECK(cn_op_rmsnorm(b, &xn, &x, &w->norm, m->cfg.norm_eps)); /* pre-mixer norm */
         switch (w->type) {
         case CN_BLOCK_MAMBA:
-            CHECK(mamba_mixer(m, &w->mamba, ls, mamba_idx++, dst, acc, &in, T, seg, n_seg, caps, rp));
+            CHECK(mamba_mixer(m, &w->mamba, ls, mamba_idx++, dst, acc, &in, T, seg, n_seg, caps,
+                              rp));
             break;
         case CN_BLOCK_ATTN: CHECK(attn_mixer(m, &w->attn, ls, offset, dst, acc, &in, T)); break;
         case CN_BLOCK_SWA:
@@ -724,7 +725,8 @@ int cn_model_forward(cn_model *m, cn_state *st, cn_batch *bt) {
          * inside it (the tokens were checked above, the routes come from moe_route) */
         if ((rc = cn_backend_step_begin(b, STEP_PREFILL | CN_STEP_EAGER))) goto fail;
         rc = cn_op_get_rows(b, &x, &m->w.embed, &ids);                      /* h = embed[tok] */
-        if (!rc) rc = run_layers(m, m->w.layers, st, offset, T, seg, n_seg, bt->captures, rp, need_from);
+        if (!rc)
+            rc = run_layers(m, m->w.layers, st, offset, T, seg, n_seg, bt->captures, rp, need_from);
         if ((rc = step_finish(b, rc))) goto fail;
         if (bt->all_logits) {
             rc = head(m, &m->w.norm_f, 0, T, bt->logits ? bt->logits + (size_t)done * V : NULL,
@@ -808,7 +810,8 @@ static int mtp_forward(cn_model *m, cn_state *st, const float *hidden, const int
         if (!rc && !replayed) rc = cn_op_matmul(b, &x, &w->eh_proj, &cat);  /* eh_proj */
         /* last_only: the other rows are forwarded for their KV rows alone */
         const int need_from = !last_only ? 0 : last ? T - 1 : T;
-        if (!rc && !replayed) rc = run_layers(m, w->layers, st, st->offset, T, seg, 1, NULL, NULL, need_from);
+        if (!rc && !replayed)
+            rc = run_layers(m, w->layers, st, st->offset, T, seg, 1, NULL, NULL, need_from);
         if (step) {
             cn_tensor xn = rows(&m->s.xn, 1), lg = rows(&m->s.logits, 1);
             if (!rc && !replayed) rc = cn_op_rmsnorm(b, &xn, &x, &w->final_norm, eps);

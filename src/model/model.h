@@ -182,7 +182,8 @@ void cn_model_decode_traffic(const cn_model *m, cn_decode_traffic *out);
  * id outside the vocabulary or capture offsets out of range (state unchanged in both cases). */
 int cn_model_forward(cn_model *m, cn_state *s, cn_batch *b);
 /* Buffers for replays of up to max_rows rows of s's shapes (undefined contents, rows 0).
- * Returns 0, CN_EUNSUPPORTED (see cn_replay) or CN_ENOMEM, with *out then holding nothing. */
+ * Returns 0, CN_EUNSUPPORTED (see cn_replay), CN_EINVAL (max_rows outside 1..ubatch, or the MTP
+ * head's state) or CN_ENOMEM, with *out then holding nothing. */
 int cn_replay_alloc(cn_state *s, int max_rows, cn_replay *out);
 void cn_replay_free(cn_model *m, cn_replay *rp);
 /* Restores s, which the forward that filled rp left at rp->offset + rp->rows, to snap->offset

@@ -111,7 +111,8 @@ static float *head_state(const scan_job *j, const cn_tensor *s, int h) {
 }
 
 /* dt after dt_bias, softplus and the clamp, and the decay exp(dt A), of head h at token t. */
-static void scan_dt(const scan_job *j, int h, int64_t t, float A, float dtb, float *dtv, float *dA) {
+static void scan_dt(const scan_job *j, int h, int64_t t, float A, float dtb, float *dtv,
+                    float *dA) {
     float v = softplus(cpu_row(j->dt, t)[h] + dtb);
     *dtv = fminf(fmaxf(v, j->a->dt_min), j->a->dt_max);
     *dA = expf(*dtv * A);
