@@ -62,14 +62,24 @@ fail:
 }
 
 /* The round's captures stop meaning anything; their buffers stay for the next round. */
-static void drop_caps(cn_spec *sp) { sp->n_caps = 0; }
+static void drop_caps(cn_spec *sp) {
+    sp->n_caps = 0;
+    sp->rp.rows = 0;
+}
 
 /* Buffers for captures 0..d-1, allocated once each and kept until close: a capture written into
  * fresh pages costs a page fault per 4 KiB, which on a small model is more than the forward. */
 static int ensure_caps(cn_spec *sp, cn_state *live, int d) {
-    if (sp->n_caps_alloc < d) sp->ctl.skip_cost = 1; /* this round's time is not a round's cost */
+    if (sp->n_caps_alloc < d || !sp->rp_state) sp->ctl.skip_cost = 1; /* not a round's cost */
+    if (!sp->rp_state) {
+        int rc = cn_replay_alloc(live, CN_SPEC_MAX_DEPTH + 1, &sp->rp);
+        if (rc && rc != CN_EUNSUPPORTED && rc != CN_EINVAL) return rc;
+        sp->rp_state = rc ? -1 : 1; /* without it, captures hold the SSM states too */
+    }
     for (; sp->n_caps_alloc < d; sp->n_caps_alloc++) {
-        int rc = cn_state_snapshot_alloc(live, &sp->caps[sp->n_caps_alloc]);
+        cn_rsnap *c = &sp->caps[sp->n_caps_alloc];
+        int rc = sp->rp_state > 0 ? cn_state_snapshot_alloc_conv(live, c)
+                                  : cn_state_snapshot_alloc(live, c);
         if (rc) return rc; /* that one freed itself; the ones before stay */
     }
     return CN_OK;
@@ -78,6 +88,7 @@ static int ensure_caps(cn_spec *sp, cn_state *live, int d) {
 void cn_spec_close(cn_spec *sp) {
     if (!sp) return;
     for (int i = 0; i < sp->n_caps_alloc; i++) cn_rsnap_free(sp->m, &sp->caps[i]);
+    if (sp->rp_state > 0) cn_replay_free(sp->m, &sp->rp);
     cn_state_free(sp->draft);
     free(sp->pend_h);
     free(sp->pend_next);
@@ -230,7 +241,7 @@ int cn_spec_round(cn_spec *sp, cn_state *live, cn_sampler *smp, int32_t cur, int
     }
     cn_batch bt = {.tokens = toks, .n = depth + 1, .all_logits = 1, .logits = sp->vlogits,
                    .hidden = sp->vhidden, .capture_at = at, .n_capture = depth, .captures = sp->caps,
-                   .captures_ready = 1};
+                   .captures_ready = 1, .replay = sp->rp_state > 0 ? &sp->rp : NULL};
     if ((rc = cn_model_forward(sp->m, live, &bt))) return rc;
     sp->n_caps = depth;
 
@@ -279,9 +290,11 @@ int cn_spec_commit(cn_spec *sp, cn_state *live, int keep) {
     if (keep < 0 || keep >= sp->n_out) keep = sp->n_out - 1;
     int target = sp->round_p + 1 + keep;
     if (keep >= 0 && target < live->offset) {
-        /* Attention rewinds by offset; Mamba loads the state captured at exactly `target`, by
-         * taking the capture's buffers where it can: the capture is dropped below anyway. */
-        rc = cn_state_restore_take(live, &sp->caps[keep]);
+        /* Attention rewinds by offset; Mamba loads the state at exactly `target`: scanned again
+         * from the verify's start (cn_model_replay), or the capture's, by taking its buffers
+         * where it can. The capture is dropped below anyway. */
+        rc = sp->rp.rows ? cn_model_replay(sp->m, live, &sp->rp, &sp->caps[keep])
+                           : cn_state_restore_take(live, &sp->caps[keep]);
     }
     drop_caps(sp);
     if (rc || keep < 0) return rc;

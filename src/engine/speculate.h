@@ -41,6 +41,9 @@
  * Invariants:
  *  (1) Outside a round no capture is held (n_caps == 0); the capture buffers themselves stay
  *      allocated from the first round that needed them until close (no allocation per round).
+ *      Where the backend allows (model.h cn_replay), the captures hold conv tails only and a
+ *      rejected draft's SSM states are scanned again from the verify's starting state: a
+ *      verify then writes each Mamba state once instead of once per draft.
  *  (2) The draft offset never exceeds the target's outside cn_spec_round; its rows below its
  *      offset are the head's output for committed tokens and target hiddens only.
  *  (3) Every round consumes random draws only through the request's sampler, so a seed fixes it.
@@ -135,6 +138,9 @@ typedef struct cn_spec {
                                          * buffers of the first n_caps_alloc live until close */
     int n_caps;                         /* captures the round in flight holds */
     int n_caps_alloc;
+    cn_replay rp;                       /* the verify's SSM states as its start and inputs
+                                         * (model.h), from the first round until close */
+    int rp_state;                       /* 0: not tried yet, 1: rp in use, -1: unsupported */
     int round_p, round_d;               /* P and d of the round in flight */
     int32_t out[CN_SPEC_MAX_DEPTH + 1];
     int n_out, n_acc;

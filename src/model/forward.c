@@ -5,7 +5,9 @@
  * extra pass: Mamba mixers run their conv and scan once over the piece, the backend writing the
  * state at each scheduled capture offset as it passes it (cn_state_caps), or, on a backend
  * without that, in segments that end at those offsets, each followed by a state copy;
- * sliding-window layers copy their window at the same offsets.
+ * sliding-window layers copy their window at the same offsets. A verify with a replay (model.h
+ * cn_replay) writes no SSM state per capture: its scans read the live state and write the state
+ * after the piece into the replay's spare buffer, which then trades places with the live one.
  * Nothing here allocates: scratch is sized at open for `ubatch` tokens and every batch is cut into
  * pieces of at most that many. A one-token piece (decode, an MTP draft) runs as one backend step
  * (backend.h): every op between one upload and the downloads, so a GPU backend waits once per
@@ -246,19 +248,22 @@ typedef struct segment {
     int capture;
 } segment;
 
-/* MAMBA2(in) -> out (acc: added into out), over T tokens cut in segments. */
+static void swap_data(cn_tensor *a, cn_tensor *b) {
+    void *t = a->data;
+    a->data = b->data;
+    b->data = t;
+}
+
+/* MAMBA2(in) -> out (acc: added into out), over T tokens cut in segments; with rp (a verify, one
+ * piece) the captures get their conv tails and rp the SSM's starting state and inputs. */
 static int mamba_mixer(cn_model *m, const cn_mamba_w *w, cn_layer_state *ls, int mamba_idx,
                        cn_tensor *out, int acc, mix_in *in, int T, const segment *seg, int n_seg,
-                       cn_rsnap *caps) {
+                       cn_rsnap *caps, cn_replay *rp) {
     const cn_config *c = &m->cfg;
     cn_backend *b = m->b;
     cn_scratch *s = &m->s;
     int64_t di = m->d_inner, gn = (int64_t)c->n_groups * c->ssm_state_size;
-    cn_ssm_args a = {
-        .A_log = &w->A_log, .D = &w->D, .dt_bias = &w->dt_bias,
-        .n_heads = c->mamba_n_heads, .head_dim = c->mamba_head_dim, .n_groups = c->n_groups,
-        .d_state = c->ssm_state_size, .chunk = c->chunk_size, .dt_min = c->dt_min, .dt_max = c->dt_max,
-    };
+    const cn_ssm_args a = cn_mamba_args(m, w);
     cn_tensor zxbcdt = rows(&s->proj, T);
     zxbcdt.shape[1] = m->in_proj_dim;
     CHECK(mm_in(m, in, &zxbcdt, &w->in_proj, 0));                     /* in_proj */
@@ -280,7 +285,20 @@ static int mamba_mixer(cn_model *m, const cn_mamba_w *w, cn_layer_state *ls, int
         cap_conv[n_cap] = &caps[seg[i].capture].conv[mamba_idx];
         cap_ssm[n_cap++] = &caps[seg[i].capture].ssm[mamba_idx];
     }
-    if (n_cap > 0 && rows_at[0] >= 1 && cn_backend_has_state_caps(b)) {
+    if (rp) { /* model.h cn_replay: no SSM state written but the one after the piece */
+        const cn_state_caps cc = {.n = n_cap, .rows = rows_at, .states = cap_conv};
+        CHECK(cn_op_conv1d_caps(b, &conv, &xbc, &w->conv_w, w->conv_b.data ? &w->conv_b : NULL,
+                                &ls->conv, &cc));
+        CHECK(cn_op_silu(b, &conv, &conv));                               /* xBC = silu(conv(xBC)) */
+        cn_tensor kin = rows(&rp->xbc[mamba_idx], T), kdt = rows(&rp->dt[mamba_idx], T);
+        CHECK(cn_backend_copy(b, &kin, &conv));
+        CHECK(cn_backend_copy(b, &kdt, &dt));
+        cn_tensor xs = cn_tensor_cols(&conv, 0, di);
+        cn_tensor B = cn_tensor_cols(&conv, di, gn), C = cn_tensor_cols(&conv, di + gn, gn);
+        CHECK(cn_op_ssm_scan_from(b, &y, &xs, &dt, &B, &C, &a, &rp->s0[mamba_idx], &ls->ssm));
+        swap_data(&ls->ssm, &rp->s0[mamba_idx]); /* live: the state after; s0: the one before */
+        n_seg = 0;
+    } else if (n_cap > 0 && rows_at[0] >= 1 && cn_backend_has_state_caps(b)) {
         const cn_state_caps cc = {.n = n_cap, .rows = rows_at, .states = cap_conv};
         const cn_state_caps sc = {.n = n_cap, .rows = rows_at, .states = cap_ssm};
         CHECK(cn_op_conv1d_caps(b, &conv, &xbc, &w->conv_w, w->conv_b.data ? &w->conv_b : NULL,
@@ -436,7 +454,7 @@ static int keeps_state(cn_block t) { return t == CN_BLOCK_MAMBA || cn_block_is_a
  * MLP: row-wise) skip them. Rows below need_from then hold junk in x; each row computed is what
  * it would be without the skip (every op is row-wise there). */
 static int run_layers(cn_model *m, const cn_layer_w *layers, cn_state *st, int offset, int T,
-                      const segment *seg, int n_seg, cn_rsnap *caps, int need_from) {
+                      const segment *seg, int n_seg, cn_rsnap *caps, cn_replay *rp, int need_from) {
     cn_backend *b = m->b;
     cn_tensor x = rows(&m->s.x, T), xn = rows(&m->s.xn, T), out = rows(&m->s.out, T);
     const int acc = T == 1 && cn_backend_has_matmul_ep(b);
@@ -459,7 +477,8 @@ static int run_layers(cn_model *m, const cn_layer_w *layers, cn_state *st, int o
         else CHECK(cn_op_rmsnorm(b, &xn, &x, &w->norm, m->cfg.norm_eps)); /* pre-mixer norm */
         switch (w->type) {
         case CN_BLOCK_MAMBA:
-            CHECK(mamba_mixer(m, &w->mamba, ls, mamba_idx++, dst, acc, &in, T, seg, n_seg, caps));
+            CHECK(mamba_mixer(m, &w->mamba, ls, mamba_idx++, dst, acc, &in, T, seg, n_seg, caps,
+                              rp));
             break;
         case CN_BLOCK_ATTN: CHECK(attn_mixer(m, &w->attn, ls, offset, dst, acc, &in, T)); break;
         case CN_BLOCK_SWA:
@@ -573,7 +592,7 @@ static int decode_step(cn_model *m, cn_state *st, int offset, const segment *seg
     if (rc < 0) return rc;
     if (rc == 0) {
         rc = cn_op_get_rows(b, &x, &m->w.embed, &ids);                    /* h = embed[tok] */
-        if (!rc) rc = run_layers(m, m->w.layers, st, offset, 1, seg, n_seg, caps, 0);
+        if (!rc) rc = run_layers(m, m->w.layers, st, offset, 1, seg, n_seg, caps, NULL, 0);
         /* norm_f inside the lm_head's product where the backend fuses it (hidden needs xn) */
         int head_done = 0;
         if (!rc && !hidden && (logits || pick) && cn_backend_has_matmul_ep(b)) {
@@ -640,6 +659,15 @@ static void free_captures(cn_model *m, cn_batch *bt) {
 int cn_model_forward(cn_model *m, cn_state *st, cn_batch *bt) {
     int rc = check_batch(m, st, bt);
     if (rc) return rc;
+    /* a replay serves a batch of one piece with more than one row (a verify); its captures
+     * may have no SSM buffers, so there is no falling back to them */
+    cn_replay *rp = bt->replay;
+    if (rp) {
+        rp->rows = 0;
+        if (bt->n < 2 || bt->n > rp->max_rows || bt->n > m->s.ubatch || !bt->captures_ready ||
+            bt->n_capture > PIECE_CAPS || rp->n_layers != m->n_mamba || m->n_swa)
+            return CN_EINVAL;
+    }
     rc = alloc_captures(st, bt);
     if (rc) {
         free_captures(m, bt);
@@ -697,7 +725,8 @@ int cn_model_forward(cn_model *m, cn_state *st, cn_batch *bt) {
          * inside it (the tokens were checked above, the routes come from moe_route) */
         if ((rc = cn_backend_step_begin(b, STEP_PREFILL | CN_STEP_EAGER))) goto fail;
         rc = cn_op_get_rows(b, &x, &m->w.embed, &ids);                      /* h = embed[tok] */
-        if (!rc) rc = run_layers(m, m->w.layers, st, offset, T, seg, n_seg, bt->captures, need_from);
+        if (!rc)
+            rc = run_layers(m, m->w.layers, st, offset, T, seg, n_seg, bt->captures, rp, need_from);
         if ((rc = step_finish(b, rc))) goto fail;
         if (bt->all_logits) {
             rc = head(m, &m->w.norm_f, 0, T, bt->logits ? bt->logits + (size_t)done * V : NULL,
@@ -713,6 +742,10 @@ int cn_model_forward(cn_model *m, cn_state *st, cn_batch *bt) {
         if (rc) goto fail;
         offset += T;
         done += T;
+    }
+    if (rp) {
+        rp->rows = bt->n;
+        rp->offset = st->offset;
     }
     st->offset = offset;
     return CN_OK;
@@ -777,7 +810,8 @@ static int mtp_forward(cn_model *m, cn_state *st, const float *hidden, const int
         if (!rc && !replayed) rc = cn_op_matmul(b, &x, &w->eh_proj, &cat);  /* eh_proj */
         /* last_only: the other rows are forwarded for their KV rows alone */
         const int need_from = !last_only ? 0 : last ? T - 1 : T;
-        if (!rc && !replayed) rc = run_layers(m, w->layers, st, st->offset, T, seg, 1, NULL, need_from);
+        if (!rc && !replayed)
+            rc = run_layers(m, w->layers, st, st->offset, T, seg, 1, NULL, NULL, need_from);
         if (step) {
             cn_tensor xn = rows(&m->s.xn, 1), lg = rows(&m->s.logits, 1);
             if (!rc && !replayed) rc = cn_op_rmsnorm(b, &xn, &x, &w->final_norm, eps);

@@ -76,6 +76,26 @@ typedef struct cn_rsnap {
     cn_tensor *win_v; /* positions offset-min(offset,W)..offset-1, oldest first; the rest junk */
 } cn_rsnap;
 
+/* A verify's recurrent states without a copy of them per position (cn_batch.replay). The
+ * forward's Mamba scans read the state the batch starts from and write the state after it into
+ * `s0`'s buffers, which then trade places with the live ones: s0 holds the starting state, and
+ * the scans' inputs are kept beside it. A restore to a position inside the batch
+ * (cn_model_replay) takes the starting state back and scans the rows up to there again: the same
+ * operations on the same inputs, so the bits a capture at that position would hold. Only on a
+ * backend computing in host memory (its buffers may change places) with
+ * cn_backend_has_ssm_scan_from, for a model without sliding-window layers (their windows would
+ * still need a copy per position): cn_replay_alloc says CN_EUNSUPPORTED otherwise. */
+typedef struct cn_replay {
+    int n_layers;    /* Mamba layers */
+    int max_rows;    /* rows a forward that fills it may have */
+    int rows;        /* rows of the forward that filled it last; 0: it holds nothing */
+    int offset;      /* the state's offset before that forward */
+    cn_tensor *s0;   /* [n_layers] each [n_heads, head_dim*d_state] F32 */
+    cn_tensor *xbc;  /* [n_layers] each [max_rows, conv_dim] F32: the scan's x, B, C (after the
+                      * conv and SiLU) */
+    cn_tensor *dt;   /* [n_layers] each [max_rows, n_heads] F32: dt before dt_bias and softplus */
+} cn_replay;
+
 /* One forward call. */
 typedef struct cn_batch {
     const int32_t *tokens; /* [n] token ids */
@@ -97,6 +117,11 @@ typedef struct cn_batch {
                             * (cn_state_snapshot_alloc) and are only filled: the forward neither
                             * allocates nor frees them, so a caller that captures every round
                             * (speculation) keeps its pages mapped and warm */
+    cn_replay *replay;     /* (optional) with captures_ready, 2 <= n <= replay->max_rows and
+                            * at most 64 captures (else CN_EINVAL): the captures get their conv
+                            * tails only (their SSM tensors may hold no buffer,
+                            * cn_state_snapshot_alloc_conv), the SSM states come from
+                            * cn_model_replay */
 } cn_batch;
 
 /* Opens the checkpoint in dir on backend b (which the caller owns and frees after the model). */
@@ -156,6 +181,17 @@ void cn_model_decode_traffic(const cn_model *m, cn_decode_traffic *out);
 /* Absorbs b->n tokens into s at its offset. CN_ECONTEXT if they do not fit, CN_EINVAL for a token
  * id outside the vocabulary or capture offsets out of range (state unchanged in both cases). */
 int cn_model_forward(cn_model *m, cn_state *s, cn_batch *b);
+/* Buffers for replays of up to max_rows rows of s's shapes (undefined contents, rows 0).
+ * Returns 0, CN_EUNSUPPORTED (see cn_replay), CN_EINVAL (max_rows outside 1..ubatch, or the MTP
+ * head's state) or CN_ENOMEM, with *out then holding nothing. */
+int cn_replay_alloc(cn_state *s, int max_rows, cn_replay *out);
+void cn_replay_free(cn_model *m, cn_replay *rp);
+/* Restores s, which the forward that filled rp left at rp->offset + rp->rows, to snap->offset
+ * inside that forward (snap: its capture there): attention rewinds, each Mamba layer takes the
+ * capture's conv tail (the capture gets the replaced one, fit only to be written again, as
+ * cn_state_restore_take) and rp's starting state, scanned again up to the offset. Then rp holds
+ * nothing. Returns 0, or CN_EINVAL (offsets that do not fit) with nothing changed. */
+int cn_model_replay(cn_model *m, cn_state *s, cn_replay *rp, cn_rsnap *snap);
 /* One token; logits [vocab] of it. */
 int cn_model_decode(cn_model *m, cn_state *s, int32_t token, float *logits);
 /* One token; *next gets its greedy pick (cn_batch.argmax), its logits never reach the host. */

@@ -116,6 +116,17 @@ struct cn_model {
     uint64_t identity;     /* cn_model_identity */
 };
 
+/* The scan parameters of a Mamba layer's weights. */
+static inline cn_ssm_args cn_mamba_args(const cn_model *m, const cn_mamba_w *w) {
+    const cn_config *c = &m->cfg;
+    cn_ssm_args a = {
+        .A_log = &w->A_log, .D = &w->D, .dt_bias = &w->dt_bias,
+        .n_heads = c->mamba_n_heads, .head_dim = c->mamba_head_dim, .n_groups = c->n_groups,
+        .d_state = c->ssm_state_size, .chunk = c->chunk_size, .dt_min = c->dt_min, .dt_max = c->dt_max,
+    };
+    return a;
+}
+
 /* model_load.c: binds weights (called by cn_model_open). */
 int cn_model_bind_weights(cn_model *m, cn_err *err);
 void cn_model_unbind_weights(cn_model *m);

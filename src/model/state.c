@@ -211,7 +211,9 @@ int cn_state_rewind(cn_state *s, int offset) {
 }
 
 /* Allocates a snapshot shaped like s's recurrent layers; copies their state when `copy`. */
-static int rsnap_make(cn_state *s, cn_rsnap *out, int copy) {
+/* A snapshot of s's shapes: with copy, of its contents; without ssm, its SSM tensors hold no
+ * buffer (shapes only). */
+static int rsnap_make(cn_state *s, cn_rsnap *out, int copy, int ssm) {
     memset(out, 0, sizeof *out);
     int n = 0, nw = 0;
     for (int l = 0; l < s->n_layers; l++) {
@@ -249,7 +251,8 @@ static int rsnap_make(cn_state *s, cn_rsnap *out, int copy) {
         if (ls->type != CN_BLOCK_MAMBA) continue;
         out->conv[j] = cn_tensor_2d(CN_F32, ls->conv.shape[0], ls->conv.shape[1], NULL);
         out->ssm[j] = cn_tensor_2d(CN_F32, ls->ssm.shape[0], ls->ssm.shape[1], NULL);
-        if (cn_backend_alloc(s->model->b, &out->conv[j]) || cn_backend_alloc(s->model->b, &out->ssm[j]))
+        if (cn_backend_alloc(s->model->b, &out->conv[j]) ||
+            (ssm && cn_backend_alloc(s->model->b, &out->ssm[j])))
             goto fail;
         if (copy && (cn_backend_copy(s->model->b, &out->conv[j], &ls->conv) ||
                      cn_backend_copy(s->model->b, &out->ssm[j], &ls->ssm)))
@@ -262,9 +265,11 @@ fail:
     return CN_ENOMEM;
 }
 
-int cn_state_snapshot(cn_state *s, cn_rsnap *out) { return rsnap_make(s, out, 1); }
+int cn_state_snapshot(cn_state *s, cn_rsnap *out) { return rsnap_make(s, out, 1, 1); }
 
-int cn_state_snapshot_alloc(cn_state *s, cn_rsnap *out) { return rsnap_make(s, out, 0); }
+int cn_state_snapshot_alloc(cn_state *s, cn_rsnap *out) { return rsnap_make(s, out, 0, 1); }
+
+int cn_state_snapshot_alloc_conv(cn_state *s, cn_rsnap *out) { return rsnap_make(s, out, 0, 0); }
 
 uint64_t cn_state_bytes(const cn_state *s) {
     uint64_t n = 0;

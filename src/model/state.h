@@ -57,6 +57,9 @@ int cn_state_rewind(cn_state *s, int offset);
 int cn_state_snapshot(cn_state *s, cn_rsnap *out);
 /* A snapshot with the right shapes and undefined contents (a forward's captures fill it). */
 int cn_state_snapshot_alloc(cn_state *s, cn_rsnap *out);
+/* The same without buffers for the SSM states (their tensors hold shapes only): the captures of
+ * a forward that keeps those states as a replay (model.h cn_replay). */
+int cn_state_snapshot_alloc_conv(cn_state *s, cn_rsnap *out);
 /* Rows a whole-window snapshot at offset o holds: positions [o - n, o), oldest first. */
 static inline int cn_window_rows(int window, int o) { return o < window ? o : window; }
 /* 1 when the live rings allow rewinding to `offset` (no ring has wrapped past it). */

@@ -323,6 +323,22 @@ int cn_op_ssm_scan_caps(cn_backend *b, cn_tensor *y, const cn_tensor *x, const c
     return b->iface->ssm_scan_caps(b, y, x, dt, B, C, a, state, caps);
 }
 
+int cn_backend_has_ssm_scan_from(const cn_backend *b) { return b->iface->ssm_scan_from != NULL; }
+
+int cn_op_ssm_scan_from(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
+                        const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a,
+                        cn_tensor *state, const cn_tensor *from) {
+    int rc = check_ssm(y, x, dt, B, C, a, state);
+    if (rc) return rc;
+    if (!from || from->dtype != state->dtype || from->ndim != state->ndim || !from->data ||
+        from->data == state->data)
+        return CN_EINVAL;
+    for (int d = 0; d < from->ndim; d++)
+        if (from->shape[d] != state->shape[d]) return CN_EINVAL;
+    if (!b->iface->ssm_scan_from) return CN_EUNSUPPORTED;
+    return b->iface->ssm_scan_from(b, y, x, dt, B, C, a, state, from);
+}
+
 int cn_op_ssm_step(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
                    const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a, cn_tensor *state) {
     int rc = check_ssm(y, x, dt, B, C, a, state);

@@ -202,6 +202,14 @@ int cn_op_ssm_scan_caps(cn_backend *b, cn_tensor *y, const cn_tensor *x, const c
                         cn_tensor *state, const cn_state_caps *caps);
 /* 1 if the backend implements cn_op_conv1d_caps and cn_op_ssm_scan_caps. */
 int cn_backend_has_state_caps(const cn_backend *b);
+/* cn_op_ssm_scan starting from `from` (shaped like state, another buffer), which is left as it
+ * was; `state` receives the state after the last token, the same bits as copying `from` into it
+ * and scanning there. A verify then keeps the state it started from without a copy of it
+ * (model.h cn_replay). (optional: CN_EUNSUPPORTED where cn_backend_has_ssm_scan_from is 0) */
+int cn_op_ssm_scan_from(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
+                        const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a,
+                        cn_tensor *state, const cn_tensor *from);
+int cn_backend_has_ssm_scan_from(const cn_backend *b);
 /* Same contract for exactly one token (a decode step); backends may specialise it. */
 int cn_op_ssm_step(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
                    const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a, cn_tensor *state);

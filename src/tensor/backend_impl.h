@@ -82,6 +82,11 @@ typedef struct cn_backend_iface {
     int (*ssm_scan_caps)(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
                          const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a,
                          cn_tensor *state, const cn_state_caps *caps);
+    /* The scan starting from another state (backend.h cn_op_ssm_scan_from), (optional):
+     * default CN_EUNSUPPORTED. */
+    int (*ssm_scan_from)(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
+                         const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a,
+                         cn_tensor *state, const cn_tensor *from);
 } cn_backend_iface;
 
 struct cn_backend {

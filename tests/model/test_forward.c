@@ -476,6 +476,90 @@ static void test_capture_restore(void **st) {
     close_model(&f);
 }
 
+/* A verify kept as its starting state and inputs (cn_replay) gives the logits of one with SSM
+ * captures, and a replay to each position inside it the state its capture holds: the logits
+ * after it equal, bit for bit. A replay that does not fit changes nothing; a model with
+ * sliding-window layers has none. */
+static void test_replay_restore(void **st) {
+    (void)st;
+    fixture f;
+    open_model(&f, "nh-mix-f32", 64, 2);
+    golden g;
+    golden_load(&g, "nh-mix-f32", f.V);
+    const int n = g.n_prompt, k = 5, p = n - k - 4; /* prefix, the verify, then 4 more */
+    const int32_t *tok = g.prompt;
+    int at[4];
+    cn_rsnap caps[4], convs[4]; /* SSM states captured, or conv tails only (the replay's) */
+    for (int i = 0; i < k - 1; i++) at[i] = p + 1 + i;
+    cn_state *s;
+    assert_int_equal(cn_state_create(&s, f.m, n, 0), 0);
+    for (int i = 0; i < k - 1; i++) {
+        assert_int_equal(cn_state_snapshot_alloc(s, &caps[i]), 0);
+        assert_int_equal(cn_state_snapshot_alloc_conv(s, &convs[i]), 0);
+        assert_null(convs[i].ssm[0].data);
+    }
+    cn_replay rp;
+    assert_int_equal(cn_replay_alloc(s, 8, &rp), 0);
+    float *lv = malloc((size_t)k * f.V * sizeof *lv), *lv2 = malloc((size_t)k * f.V * sizeof *lv2);
+    float *lr = malloc((size_t)n * f.V * sizeof *lr), *lr2 = malloc((size_t)n * f.V * sizeof *lr2);
+    for (int c = 0; c < k - 1; c++) {
+        for (int with = 0; with < 2; with++) {
+            assert_int_equal(cn_state_reset(s), 0);
+            cn_batch pre = {.tokens = tok, .n = p};
+            assert_int_equal(cn_model_forward(f.m, s, &pre), 0);
+            cn_batch v = {.tokens = tok + p, .n = k, .all_logits = 1, .logits = with ? lv2 : lv,
+                          .capture_at = at, .n_capture = k - 1, .captures = with ? convs : caps,
+                          .captures_ready = 1, .replay = with ? &rp : NULL};
+            if (with) { /* one row is no verify: refused, with nothing run */
+                cn_batch one = v;
+                one.n = 1;
+                one.n_capture = 1;
+                assert_int_equal(cn_model_forward(f.m, s, &one), CN_EINVAL);
+                assert_int_equal(s->offset, p);
+            }
+            assert_int_equal(cn_model_forward(f.m, s, &v), 0);
+            if (with) {
+                assert_int_equal(rp.rows, k);
+                assert_int_equal(rp.offset, p);
+                cn_rsnap early = convs[c];
+                early.offset = p; /* not inside the verify */
+                assert_int_equal(cn_model_replay(f.m, s, &rp, &early), CN_EINVAL);
+                assert_int_equal(s->offset, p + k);
+                assert_int_equal(cn_model_replay(f.m, s, &rp, &convs[c]), 0);
+                assert_int_equal(rp.rows, 0);
+                assert_int_equal(cn_model_replay(f.m, s, &rp, &convs[c]), CN_EINVAL);
+            } else {
+                assert_int_equal(cn_state_restore_take(s, &caps[c]), 0);
+            }
+            assert_int_equal(s->offset, at[c]);
+            cn_batch rest = {.tokens = tok + at[c], .n = n - at[c], .all_logits = 1,
+                             .logits = with ? lr2 : lr};
+            assert_int_equal(cn_model_forward(f.m, s, &rest), 0);
+        }
+        assert_memory_equal(lv, lv2, (size_t)k * f.V * sizeof *lv);
+        assert_memory_equal(lr, lr2, (size_t)(n - at[c]) * f.V * sizeof *lr);
+    }
+    cn_replay_free(f.m, &rp);
+    for (int i = 0; i < k - 1; i++) {
+        cn_rsnap_free(f.m, &caps[i]);
+        cn_rsnap_free(f.m, &convs[i]);
+    }
+    cn_state_free(s);
+    free(lv);
+    free(lv2);
+    free(lr);
+    free(lr2);
+    golden_free(&g);
+    close_model(&f);
+    fixture fs;
+    char *ds = make_swa_model(&fs, "MS-S", 7);
+    assert_int_equal(cn_state_create(&s, fs.m, 16, 0), 0);
+    assert_int_equal(cn_replay_alloc(s, 4, &rp), CN_EUNSUPPORTED);
+    assert_null(rp.s0);
+    cn_state_free(s);
+    drop_model(&fs, ds);
+}
+
 /* The MTP head's draft logits equal the documented formula's. */
 static void test_mtp(void **st) {
     (void)st;
@@ -568,6 +652,7 @@ int main(void) {
         cmocka_unit_test(test_parity_fp8),        cmocka_unit_test(test_split_everywhere),
         cmocka_unit_test(test_decode_mix),        cmocka_unit_test(test_decode_group),
         cmocka_unit_test(test_verify),            cmocka_unit_test(test_capture_restore),
+        cmocka_unit_test(test_replay_restore),
         cmocka_unit_test(test_mtp),               cmocka_unit_test(test_bad_batches),
         cmocka_unit_test(test_sliding_window),    cmocka_unit_test(test_decode_replay),
     };

@@ -835,6 +835,108 @@ static void test_ssm_scan_threads_and_scalar(void **state) {
     ssm_case_free(&s);
 }
 
+/* A scan from another state: the bits of copying it in and scanning in place, for one token, a
+ * verify's few (state rows 8 at a time) and a prefill's many, on every ISA; the state it starts
+ * from is left as it was; the same buffer twice or another shape is refused, writing nothing. */
+static void test_ssm_scan_from_equal_copy(void **state) {
+    (void)state;
+    const int lens[3] = {1, 5, 12};
+    for (int isa = 0; isa < N_ISA; isa++) {
+        cn_backend *b = backend(3, isa);
+        for (int li = 0; li < 3; li++) {
+            rng r = {16};
+            ssm_case s;
+            ssm_case_init(&s, &r, 4, 20, 2, 32, lens[li]);
+            const size_t n = (size_t)s.H * s.P * s.N;
+            float *from = malloc(n * sizeof(float)), *st = malloc(n * sizeof(float));
+            float *ref = malloc(n * sizeof(float));
+            memcpy(from, s.state0, n * sizeof(float));
+            memcpy(ref, s.state0, n * sizeof(float));
+            for (size_t i = 0; i < n; i++) st[i] = SENTINEL;
+            view y = view_make(s.T, (int64_t)s.H * s.P, 2), y2 = view_make(s.T, (int64_t)s.H * s.P, 2);
+            assert_int_equal(ssm_run(b, &s, &y2, ref, 0, s.T, 0), CN_OK);
+            cn_tensor tf = cn_tensor_2d(CN_F32, s.H, (int64_t)s.P * s.N, from);
+            cn_tensor ts = cn_tensor_2d(CN_F32, s.H, (int64_t)s.P * s.N, st);
+            assert_int_equal(cn_op_ssm_scan_from(b, &y.t, &s.x.t, &s.dt.t, &s.B.t, &s.C.t, &s.a, &ts, &tf),
+                             CN_OK);
+            assert_true(views_equal(&y, &y2));
+            assert_memory_equal(st, ref, n * sizeof(float));
+            assert_memory_equal(from, s.state0, n * sizeof(float));
+            if (li == 0) {
+                cn_tensor wide = cn_tensor_2d(CN_F32, s.H - 1, (int64_t)s.P * s.N, from);
+                view y3 = view_make(s.T, (int64_t)s.H * s.P, 2);
+                assert_int_equal(cn_op_ssm_scan_from(b, &y3.t, &s.x.t, &s.dt.t, &s.B.t, &s.C.t, &s.a,
+                                                     &ts, &ts), CN_EINVAL);
+                assert_int_equal(cn_op_ssm_scan_from(b, &y3.t, &s.x.t, &s.dt.t, &s.B.t, &s.C.t, &s.a,
+                                                     &ts, &wide), CN_EINVAL);
+                assert_memory_equal(st, ref, n * sizeof(float));
+                assert_true(*at(&y3, 0, 0) == SENTINEL);
+                view_free(&y3);
+            }
+            free(from);
+            free(st);
+            free(ref);
+            view_free(&y);
+            view_free(&y2);
+            ssm_case_free(&s);
+        }
+        cn_backend_free(b);
+    }
+}
+
+/* A verify's few tokens (the scan walks blocks of 8 state rows through every token) with
+ * captures: the same bits as the scan cut at the captures, the state copied after each. */
+static void test_state_caps_short_scan(void **state) {
+    (void)state;
+    const int sets[3][3] = {{1, 4, 8}, {3, 0, 0}, {1, 2, 0}};
+    const int n_sets[3] = {3, 1, 2};
+    for (int isa = 0; isa < N_ISA; isa++) {
+        cn_backend *b = backend(3, isa);
+        for (int si = 0; si < 3; si++) {
+            rng r = {17};
+            ssm_case sc;
+            ssm_case_init(&sc, &r, 4, 20, 2, 32, 8); /* 20 rows a head: two blocks of 8, then 4 */
+            const size_t sn = (size_t)sc.H * sc.P * sc.N;
+            const int n = n_sets[si], *rows = sets[si];
+            float *S = malloc(sn * sizeof(float)), *Scut = malloc(sn * sizeof(float));
+            float *Sc[3], *Sccut[3];
+            cn_tensor stt[3], *sct[3];
+            memcpy(S, sc.state0, sn * sizeof(float));
+            memcpy(Scut, sc.state0, sn * sizeof(float));
+            for (int i = 0; i < n; i++) {
+                Sc[i] = malloc(sn * sizeof(float));
+                Sccut[i] = malloc(sn * sizeof(float));
+                stt[i] = cn_tensor_2d(CN_F32, sc.H, (int64_t)sc.P * sc.N, Sc[i]);
+                sct[i] = &stt[i];
+            }
+            view ys = view_make(sc.T, (int64_t)sc.H * sc.P, 2), yscut = view_make(sc.T, (int64_t)sc.H * sc.P, 2);
+            cn_tensor Sst = cn_tensor_2d(CN_F32, sc.H, (int64_t)sc.P * sc.N, S);
+            const cn_state_caps scc = {.n = n, .rows = rows, .states = sct};
+            assert_int_equal(cn_op_ssm_scan_caps(b, &ys.t, &sc.x.t, &sc.dt.t, &sc.B.t, &sc.C.t,
+                                                 &sc.a, &Sst, &scc), CN_OK);
+            for (int i = 0, t0 = 0; i <= n; i++) {
+                int t1 = i < n ? rows[i] : sc.T;
+                if (t1 > t0) assert_int_equal(ssm_run(b, &sc, &yscut, Scut, t0, t1, 0), CN_OK);
+                if (i < n) memcpy(Sccut[i], Scut, sn * sizeof(float));
+                t0 = t1;
+            }
+            assert_true(views_equal(&ys, &yscut));
+            assert_memory_equal(S, Scut, sn * sizeof(float));
+            for (int i = 0; i < n; i++) {
+                assert_memory_equal(Sc[i], Sccut[i], sn * sizeof(float));
+                free(Sc[i]);
+                free(Sccut[i]);
+            }
+            free(S);
+            free(Scut);
+            view_free(&ys);
+            view_free(&yscut);
+            ssm_case_free(&sc);
+        }
+        cn_backend_free(b);
+    }
+}
+
 /* ---------------------------------------------------------------- captures inside one call */
 
 /* conv1d and the scan with captures (cn_state_caps) against the same op cut into calls that end
@@ -1616,6 +1718,8 @@ int main(void) {
         cmocka_unit_test(test_ssm_scan_reference),
         cmocka_unit_test(test_ssm_scan_threads_and_scalar),
         cmocka_unit_test(test_ssm_scan_rows8_equal_steps),
+        cmocka_unit_test(test_ssm_scan_from_equal_copy),
+        cmocka_unit_test(test_state_caps_short_scan),
         cmocka_unit_test(test_state_caps_equal_segments),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_threads_agree),

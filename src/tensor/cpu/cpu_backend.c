@@ -231,6 +231,7 @@ static const cn_backend_iface cpu_iface = {
     .argmax = cpu_argmax,
     .conv1d_caps = cpu_conv1d_caps,
     .ssm_scan_caps = cpu_ssm_scan_caps,
+    .ssm_scan_from = cpu_ssm_scan_from,
     /* no fused epilogues: each op streams its operands from memory anyway */
 };
 

@@ -179,6 +179,9 @@ int cpu_conv1d_caps(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_te
 int cpu_ssm_scan_caps(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
                       const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a,
                       cn_tensor *state, const cn_state_caps *caps);
+int cpu_ssm_scan_from(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
+                      const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a,
+                      cn_tensor *state, const cn_tensor *from);
 int cpu_attention(cn_backend *b, cn_tensor *out, const cn_tensor *q, const cn_tensor *kc,
                   const cn_tensor *vc, int n_past, int n_heads, int n_kv_heads, float scale);
 int cpu_attention_window(cn_backend *b, cn_tensor *out, const cn_tensor *q, const cn_tensor *k_new,

@@ -6,7 +6,8 @@
  * Parallel over heads (scan) and channel blocks (conv); each output is computed by one thread in a
  * fixed order. Never writes outside y, state and the captures' states (which get exactly what the
  * state holds after their row: the conv's raw inputs, the scan's per-head state copied as each
- * head passes the row, while it is in cache).
+ * head passes the row, while it is in cache). A scan "from" another state reads its start there
+ * and leaves it as it was: the same bits in `state` as copying it in first, without the pass.
  */
 #include <math.h>
 #include <string.h>
@@ -25,45 +26,52 @@ typedef struct conv_job {
     int64_t T, C, K;
 } conv_job;
 
-/* in(t, c) for t in [-(K-1), T): state rows hold t < 0, oldest first. */
-static inline float conv_in(const conv_job *j, int64_t t, int64_t c) {
-    return t < 0 ? cpu_row(j->state, j->K - 1 + t)[c] : cpu_row(j->x, t)[c];
+#define CONV_KMAX 8 /* taps up to which a task lays its channels' weights out tap by tap */
+
+/* Row t of the input, t in [-(K-1), T): state rows hold t < 0, oldest first. */
+static inline const float *conv_row(const conv_job *j, int64_t t) {
+    return t < 0 ? cpu_row(j->state, j->K - 1 + t) : cpu_row(j->x, t);
 }
 
 static void conv_task(void *arg, int begin, int end) {
     const conv_job *j = arg;
     const int64_t K = j->K, ws = j->w->stride[0] / (int64_t)sizeof(float);
+    float wt[CONV_KMAX][CONV_CB]; /* the block's weights, tap by tap: rows the loops vectorise */
     for (int blk = begin; blk < end; blk++) {
         int64_t c0 = (int64_t)blk * CONV_CB, c1 = c0 + CONV_CB < j->C ? c0 + CONV_CB : j->C;
         const int64_t n = c1 - c0;
-        /* tap by tap over a row of channels (vectorised), each output summed in the order
-         * bias, tap 0, .., tap K-1: the sums of a channel-by-channel loop, bit for bit */
+        const int laid = K <= CONV_KMAX;
+        for (int64_t k = 0; laid && k < K; k++)
+            for (int64_t c = 0; c < n; c++) wt[k][c] = cpu_row(j->w, c0 + c)[k];
+        /* tap by tap over a row of channels, each output summed in the order bias, tap 0, ..,
+         * tap K-1: the sums of a channel-by-channel loop, bit for bit */
         for (int64_t t = 0; t < j->T; t++) {
             float *restrict y = cpu_row(j->y, t) + c0;
             for (int64_t c = 0; c < n; c++) y[c] = j->bias ? j->bias[c0 + c] : 0.0f;
             for (int64_t k = 0; k < K; k++) {
-                const int64_t src = t - K + 1 + k;
-                const float *restrict in =
-                    (src < 0 ? cpu_row(j->state, K - 1 + src) : cpu_row(j->x, src)) + c0;
-                const float *restrict w = cpu_row(j->w, c0) + k;
-                for (int64_t c = 0; c < n; c++) y[c] += w[c * ws] * in[c];
+                const float *restrict in = conv_row(j, t - K + 1 + k) + c0;
+                if (laid) {
+                    const float *restrict w = wt[k];
+                    for (int64_t c = 0; c < n; c++) y[c] += w[c] * in[c];
+                } else {
+                    const float *restrict w = cpu_row(j->w, c0) + k;
+                    for (int64_t c = 0; c < n; c++) y[c] += w[c * ws] * in[c];
+                }
             }
         }
         /* a capture after r rows holds the inputs at times r - (K-1) .. r - 1, read before the
          * state below is overwritten */
         for (int ci = 0; j->caps && ci < j->caps->n; ci++) {
             const int64_t r = j->caps->rows[ci];
-            for (int64_t i = 0; i < K - 1; i++) {
-                float *dst = cpu_row(j->caps->states[ci], i);
-                for (int64_t c = c0; c < c1; c++) dst[c] = conv_in(j, r - (K - 1) + i, c);
-            }
+            for (int64_t i = 0; i < K - 1; i++)
+                memcpy(cpu_row(j->caps->states[ci], i) + c0, conv_row(j, r - (K - 1) + i) + c0,
+                       (size_t)n * sizeof(float));
         }
-        /* new state row i = input at time T - (K-1) + i; reading row i + T >= i before it is
-         * overwritten keeps this in place */
-        for (int64_t i = 0; i < K - 1; i++) {
-            float *dst = cpu_row(j->state, i);
-            for (int64_t c = c0; c < c1; c++) dst[c] = conv_in(j, j->T - (K - 1) + i, c);
-        }
+        /* new state row i = input at time T - (K-1) + i: row T + i > i of the state or a row of
+         * x, read before it is overwritten, which keeps this in place */
+        for (int64_t i = 0; i < K - 1; i++)
+            memcpy(cpu_row(j->state, i) + c0, conv_row(j, j->T - (K - 1) + i) + c0,
+                   (size_t)n * sizeof(float));
     }
 }
 
@@ -87,6 +95,7 @@ int cpu_conv1d(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor 
 typedef struct scan_job {
     const cpu_ctx *c;
     const cn_tensor *y, *x, *dt, *B, *C, *state;
+    const cn_tensor *from; /* the state read at the start (left as it is), or NULL: `state` */
     const cn_ssm_args *a;
     const cn_state_caps *caps; /* NULL: none */
     int64_t T;
@@ -101,6 +110,50 @@ static float *head_state(const scan_job *j, const cn_tensor *s, int h) {
     return (float *)s->data + (int64_t)h * j->a->head_dim * j->a->d_state;
 }
 
+/* dt after dt_bias, softplus and the clamp, and the decay exp(dt A), of head h at token t. */
+static void scan_dt(const scan_job *j, int h, int64_t t, float A, float dtb, float *dtv,
+                    float *dA) {
+    float v = softplus(cpu_row(j->dt, t)[h] + dtb);
+    *dtv = fminf(fmaxf(v, j->a->dt_min), j->a->dt_max);
+    *dA = expf(*dtv * A);
+}
+
+/* Tokens up to which a scan walks a head block of 8 state rows at a time through every token
+ * (scan_rows) instead of token by token: a speculative verify, whose head state is then read and
+ * written once, not once per token. */
+#define SCAN_SHORT 8
+
+/* Head h over T <= SCAN_SHORT tokens, from F into S (F == S: in place). Every row gets the
+ * operations of the token-by-token walk (ssm_rows8 gives ssm_row's bits), so outputs and states
+ * are the same bits; a capture copies the block while it is in L1. */
+static void scan_rows(const scan_job *j, int h, float A, float Dh, float dtb, int64_t g,
+                      const float *F, float *S) {
+    const cn_ssm_args *a = j->a;
+    const int64_t P = a->head_dim, N = a->d_state, T = j->T;
+    float dtv[SCAN_SHORT], dA[SCAN_SHORT];
+    float *cap[SCAN_SHORT] = {NULL}; /* the capture taken after token t, if any */
+    for (int64_t t = 0; t < T; t++) scan_dt(j, h, t, A, dtb, &dtv[t], &dA[t]);
+    for (int ci = 0; j->caps && ci < j->caps->n; ci++)
+        cap[j->caps->rows[ci] - 1] = head_state(j, j->caps->states[ci], h);
+    const int rows8 = j->c->kern.ssm_rows8 && N % 16 == 0;
+    for (int64_t p = 0; p < P;) {
+        const int64_t n = rows8 && p + 8 <= P ? 8 : 1;
+        if (F != S) memcpy(S + p * N, F + p * N, (size_t)(n * N) * sizeof(float));
+        for (int64_t t = 0; t < T; t++) {
+            const float *xh = cpu_row(j->x, t) + h * P + p;
+            const float *Bg = cpu_row(j->B, t) + g * N, *Cg = cpu_row(j->C, t) + g * N;
+            float *yh = cpu_row(j->y, t) + h * P + p;
+            float dx[8], r[8];
+            for (int64_t i = 0; i < n; i++) dx[i] = dtv[t] * xh[i];
+            if (n == 8) j->c->kern.ssm_rows8(S + p * N, Bg, Cg, dA[t], dx, N, r);
+            else r[0] = j->c->kern.ssm_row(S + p * N, Bg, Cg, dA[t], dx[0], N);
+            for (int64_t i = 0; i < n; i++) yh[i] = r[i] + Dh * xh[i];
+            if (cap[t]) memcpy(cap[t] + p * N, S + p * N, (size_t)(n * N) * sizeof(float));
+        }
+        p += n;
+    }
+}
+
 static void scan_heads(void *arg, int begin, int end) {
     const scan_job *j = arg;
     const cn_ssm_args *a = j->a;
@@ -112,11 +165,16 @@ static void scan_heads(void *arg, int begin, int end) {
         const float dtb = ((const float *)a->dt_bias->data)[h];
         const int64_t g = h / heads_per_group;
         float *S = head_state(j, j->state, h);
+        const float *F = j->from ? head_state(j, j->from, h) : S;
+        if (j->T > 1 && j->T <= SCAN_SHORT) {
+            scan_rows(j, h, A, Dh, dtb, g, F, S);
+            continue;
+        }
+        if (F != S) memcpy(S, F, (size_t)(P * N) * sizeof(float));
         int next = 0; /* the next capture */
         for (int64_t t = 0; t < j->T; t++) {
-            float dtv = softplus(cpu_row(j->dt, t)[h] + dtb);
-            dtv = fminf(fmaxf(dtv, a->dt_min), a->dt_max);
-            const float dA = expf(dtv * A);
+            float dtv, dA;
+            scan_dt(j, h, t, A, dtb, &dtv, &dA);
             const float *xh = cpu_row(j->x, t) + h * P;
             const float *Bg = cpu_row(j->B, t) + g * N;
             const float *Cg = cpu_row(j->C, t) + g * N;
@@ -141,18 +199,30 @@ static void scan_heads(void *arg, int begin, int end) {
     }
 }
 
-int cpu_ssm_scan_caps(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
-                      const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a,
-                      cn_tensor *state, const cn_state_caps *caps) {
+static int scan(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
+                const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a, cn_tensor *state,
+                const cn_tensor *from, const cn_state_caps *caps) {
     cpu_ctx *c = cpu_ctx_of(b);
-    scan_job j = {.c = c, .y = y, .x = x, .dt = dt, .B = B, .C = C, .state = state, .a = a,
-                  .caps = caps && caps->n ? caps : NULL, .T = x->shape[0]};
+    scan_job j = {.c = c, .y = y, .x = x, .dt = dt, .B = B, .C = C, .state = state, .from = from,
+                  .a = a, .caps = caps && caps->n ? caps : NULL, .T = x->shape[0]};
     int64_t work = j.T * a->n_heads * a->head_dim * a->d_state * 4;
     cpu_parallel(c, a->n_heads, work, scan_heads, &j);
     return CN_OK;
 }
 
+int cpu_ssm_scan_caps(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
+                      const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a,
+                      cn_tensor *state, const cn_state_caps *caps) {
+    return scan(b, y, x, dt, B, C, a, state, NULL, caps);
+}
+
+int cpu_ssm_scan_from(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
+                      const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a,
+                      cn_tensor *state, const cn_tensor *from) {
+    return scan(b, y, x, dt, B, C, a, state, from, NULL);
+}
+
 int cpu_ssm_scan(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
                  const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a, cn_tensor *state) {
-    return cpu_ssm_scan_caps(b, y, x, dt, B, C, a, state, NULL);
+    return scan(b, y, x, dt, B, C, a, state, NULL, NULL);
 }

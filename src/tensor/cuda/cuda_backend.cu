@@ -443,6 +443,8 @@ static const cn_backend_iface cu_iface = {
     /* not here: the model cuts the conv and the scan at the captures, as before */
     /* .conv1d_caps = */ NULL,
     /* .ssm_scan_caps = */ NULL,
+    /* not here: a verify's buffers are recorded in its steps; the captures hold the states */
+    /* .ssm_scan_from = */ NULL,
 };
 
 extern "C" cn_backend *cn_cuda_backend_create(int device, cn_err *err) {
