@@ -51,7 +51,10 @@
  *                          within 10%: decode_pairs_agreeing of decode_bursts; all pairs if none),
  *                          of decode_8k tok/s / decode tok/s; decode_8k_over_start_all = the two
  *                          runs' tok/s over every burst; decode_pair_ratios each pair's, negated
- *                          where the pair saw two machines.
+ *                          where the pair saw two machines; decode_8k_over_start_cpu = process
+ *                          CPU seconds of the decode bursts over those of the decode_8k bursts
+ *                          (the same tokens): the work per token, which time slices lost to
+ *                          other jobs do not move (stalls on memory are in it).
  *   prefill_gops         = 2 * P * prefill_tok_s / 1e9, P the matrix parameters a prefill token
  *                          passes through (active params less the embedding and lm_head, which
  *                          prefill runs for the last position only). Attention's score/value
@@ -371,6 +374,7 @@ struct decode_pair {
     int burst_tokens;         /* tokens per burst (the last may hold fewer) */
     int agree;                /* pairs (start burst k, context burst k) whose 3 probes agree */
     double over_start;        /* context tok/s over start tok/s, from the agreeing pairs (all if none) */
+    double over_start_cpu;    /* start CPU seconds over context CPU seconds, every burst */
     double roof_n[2], roof_t[2], roof_bw[2]; /* per side, reliable bursts (all if none): tokens,
                                               * seconds, sum of seconds x GB/s */
     int roof_reliable[2];     /* bursts the roofline figures came from were reliable */
@@ -464,6 +468,7 @@ static int measure_decode_pair(bench *B, cn_state *s0, int ctx, int gen, int bt,
     if (!rc) {
         /* the median pair: one burst that another job's spike slowed moves it little */
         d->over_start = median_pairs(d, d->agree > 0);
+        d->over_start_cpu = cpu[1] > 0 ? cpu[0] / cpu[1] : 0;
         for (int i = 0; i < 2; i++) {
             run *r = side[i];
             r->tok_s = r->seconds > 0 ? r->tokens / r->seconds : 0;
@@ -907,6 +912,7 @@ int cn_bench_model(int argc, char **argv) {
     cJSON_AddNumberToObject(out, "decode_8k_roofline_ratio", roof8k);
     cJSON_AddNumberToObject(out, "decode_8k_over_start", dp.over_start);
     cJSON_AddNumberToObject(out, "decode_8k_over_start_all", rdec.tok_s > 0 ? rdec8k.tok_s / rdec.tok_s : 0);
+    cJSON_AddNumberToObject(out, "decode_8k_over_start_cpu", dp.over_start_cpu);
     cJSON_AddNumberToObject(out, "decode_bursts", dp.bursts);
     cJSON_AddNumberToObject(out, "decode_burst_tokens", dp.burst_tokens);
     cJSON_AddNumberToObject(out, "decode_pairs_agreeing", dp.agree);

@@ -79,6 +79,7 @@ static void check_keys(const cJSON *j) {
     assert_int_equal(marked, agree); /* pairs that saw two machines are negated */
     assert_true(cJSON_GetObjectItemCaseSensitive(j, "decode_8k_over_start")->valuedouble > 0);
     assert_true(cJSON_GetObjectItemCaseSensitive(j, "decode_8k_over_start_all")->valuedouble > 0);
+    assert_true(cJSON_GetObjectItemCaseSensitive(j, "decode_8k_over_start_cpu")->valuedouble > 0);
 }
 
 static void test_preset_every_key(void **st) {
