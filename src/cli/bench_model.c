@@ -17,15 +17,22 @@
  *   decode    a fresh state decodes --gen tokens one cn_model_decode_greedy at a time, each the
  *             greedy pick of the previous token's logits, taken on the backend as a greedy
  *             request's decode takes it (4 bytes to the host per token): tokens / seconds.
- *   decode_8k a fresh state absorbs --context tokens (timed apart, reported as prefill_ctx), then
- *             decodes --gen tokens as above.
+ *   decode_8k a second state absorbs --context tokens (timed apart, reported as prefill_ctx),
+ *             then decodes --gen tokens as above.
+ *             The two decode runs take turns in bursts of --burst tokens (default 8), each burst
+ *             between two probes: probe, decode burst, probe, decode_8k burst, probe, ... On the
+ *             CPU's shared machines memory bandwidth switches level every few minutes, so two
+ *             runs timed minutes apart compared two different machines (0.88 in one sitting, 1.08
+ *             in another); a pair of bursts fractions of a second apart sees one. A device
+ *             backend runs each side in one burst (its bandwidth holds still, and a switch of
+ *             state re-captures its step graph).
  *   decode_eager (device backends) decode again with the backend's steps launched op by op
  *             rather than replayed as graphs (cn_backend_set_record 0): decode_graph_speedup.
- * Each of the four timed runs is bracketed by a bandwidth probe right before and right after it
- * (cn_probe_bandwidth: a streaming read of a --probe-mb buffer on every thread). A run whose two
- * probes differ by more than 10% is marked unreliable: memory bandwidth on the shared machines
- * this was written on switches between two levels every few minutes. Each run also reports its
- * cpu_share, process CPU seconds / (wall seconds * threads): below 1, other jobs held the cores.
+ * Each prefill run, and each decode burst, is bracketed by a bandwidth probe right before and
+ * right after it (cn_probe_bandwidth: a streaming read of a --probe-mb buffer on every thread).
+ * Probes that differ by more than 10% mark a prefill run unreliable, and a decode run when they
+ * do so for more than half of its bursts. Each run also reports its cpu_share, process CPU
+ * seconds / (wall seconds * threads): below 1, other jobs held the cores.
  *
  * Figures (formulas, also in the report):
  *   bytes_per_token      = W + S + KV * c, cn_model_decode_traffic (model.h): W the weight bytes
@@ -33,8 +40,26 @@
  *                          experts per MoE layer, one embedding row, lm_head whole), S the
  *                          recurrent state read (conv tails + SSM states), KV the K/V bytes read
  *                          per token of context, c the mean context over the timed decode.
- *   mem_bw_gbs           = mean of the decode run's two probes.
- *   decode_roofline_ratio = decode_tok_s / (mem_bw_gbs * 1e9 / bytes_per_token).
+ *   mem_bw_gbs           = the decode run's probes, each burst's two averaged, weighted by the
+ *                          burst's seconds.
+ *   decode_roofline_ratio = decode_tok_s / (mem_bw_gbs * 1e9 / bytes_per_token), taken over the
+ *                          decode bursts whose two probes agree (all of them if none do, and then
+ *                          decode_roofline_from_agreeing is false): sum of tokens * bytes_per_token
+ *                          / sum of seconds * burst bandwidth. decode_8k_roofline_ratio likewise.
+ *   decode_8k_over_start = decode_8k_tok_s / decode_tok_s: the two runs' bursts interleaved, each
+ *                          side meets the same mix of machine states. Under load (other jobs on
+ *                          the cores, cpu share 0.4-0.5; NVFP4, --gen 128 --burst 4) two runs
+ *                          gave 0.993 and 0.991 where the median of the pairs that looked alike
+ *                          (below) gave 0.83 and 1.13: which pairs look alike is itself noise.
+ *   decode_8k_over_start_agreeing = the median, over the pairs (decode burst k, decode_8k burst
+ *                          k) that saw one machine (three probes within 10%, the two bursts' cpu
+ *                          shares within 10%: decode_pairs_agreeing of decode_bursts), of
+ *                          decode_8k tok/s / decode tok/s; 0 if none. decode_pair_ratios each
+ *                          pair's, negated where the pair saw two machines.
+ *   decode_8k_over_start_cpu = process
+ *                          CPU seconds of the decode bursts over those of the decode_8k bursts
+ *                          (the same tokens): the work per token, which time slices lost to
+ *                          other jobs do not move (stalls on memory are in it).
  *   prefill_gops         = 2 * P * prefill_tok_s / 1e9, P the matrix parameters a prefill token
  *                          passes through (active params less the embedding and lm_head, which
  *                          prefill runs for the last position only). Attention's score/value
@@ -89,6 +114,7 @@ static const char kSynopsis[] =
 #define PROBE_PASSES 3
 #define PEAK_SECONDS 0.6
 #define N_TYPES 4 /* cn_block_index */
+#define MAX_BURSTS 256 /* decode bursts a side at most (--burst grows past gen / 256) */
 
 static double clock_s(clockid_t id) {
     struct timespec ts;
@@ -291,13 +317,18 @@ static int prefill(bench *B, int n) {
     return cn_model_forward(B->m, B->s, &b);
 }
 
-static int decode(bench *B, int n) {
-    int32_t t = B->toks[0];
+/* n greedy decodes on s from token *tok, each fed the previous pick; *tok ends as the last pick. */
+static int decode_on(bench *B, cn_state *s, int32_t *tok, int n) {
     for (int i = 0; i < n; i++) {
-        int rc = cn_model_decode_greedy(B->m, B->s, t, &t);
+        int rc = cn_model_decode_greedy(B->m, s, *tok, tok);
         if (rc) return rc;
     }
     return 0;
+}
+
+static int decode(bench *B, int n) {
+    int32_t t = B->toks[0];
+    return decode_on(B, B->s, &t, n);
 }
 
 /* Runs one measurement: fresh state, `ctx` untimed prompt tokens, then the timed part (a prefill
@@ -330,6 +361,153 @@ static int measure(bench *B, run *r, const char *name, int is_decode, int ctx, i
     fprintf(stderr, "cairn: %-10s %6d tokens in %8.3f s: %9.2f tok/s (cpu share %.2f, probes %.1f / %.1f GB/s%s)\n",
             name, n, r->seconds, r->tok_s, r->cpu_share, r->bw_before, r->bw_after, r->reliable ? "" : ", unreliable");
     return 0;
+}
+
+/* Probes further apart than UNRELIABLE_SPREAD, relative to the lower. */
+static int probes_agree(double a, double b) {
+    double lo = fmin(a, b), hi = fmax(a, b);
+    return lo > 0 && (hi - lo) / lo <= UNRELIABLE_SPREAD;
+}
+
+typedef struct decode_pair decode_pair;
+static double median_pairs(const decode_pair *d, int agreeing_only);
+
+/* The two decode runs, interleaved so that both see the same machine. */
+struct decode_pair {
+    run start, ctx;           /* totals over every burst of each side (run.bw time-weighted) */
+    int bursts;               /* bursts per side */
+    int burst_tokens;         /* tokens per burst (the last may hold fewer) */
+    int agree;                /* pairs (start burst k, context burst k) whose 3 probes agree */
+    double over_start;        /* context tok/s over start tok/s, median of the agreeing pairs (0 if none) */
+    double over_start_cpu;    /* start CPU seconds over context CPU seconds, every burst */
+    double roof_n[2], roof_t[2], roof_bw[2]; /* per side, reliable bursts (all if none): tokens,
+                                              * seconds, sum of seconds x GB/s */
+    int roof_reliable[2];     /* bursts the roofline figures came from were reliable */
+    double *pair_ratio;       /* [bursts] per pair: context tok/s over start tok/s */
+    unsigned char *pair_ok;   /* [bursts] whether that pair's probes and CPU shares agree */
+};
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* The median of the pairs' ratios (of the agreeing ones only, if asked); 0 if none. */
+static double median_pairs(const decode_pair *d, int agreeing_only) {
+    double v[MAX_BURSTS];
+    int n = 0;
+    for (int k = 0; k < d->bursts && n < MAX_BURSTS; k++)
+        if (!agreeing_only || d->pair_ok[k]) v[n++] = d->pair_ratio[k];
+    if (!n) return 0;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+/* One burst of n decodes on s between the probe already taken (*bw, updated to the one after). */
+static int burst(bench *B, cn_state *s, int32_t *tok, int n, double *bw, run *r, double *sec, double *cpu) {
+    double t0 = now_s(), c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
+    int rc = decode_on(B, s, tok, n);
+    *sec = now_s() - t0;
+    *cpu = clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0;
+    double after = probe_bw(B);
+    r->seconds += *sec;
+    r->bw += *sec * (*bw + after) / 2; /* divided by the seconds at the end */
+    if (r->bw_before == 0) r->bw_before = *bw;
+    r->bw_after = after;
+    *bw = after;
+    return rc;
+}
+
+/* `gen` decodes from a fresh state s0 and `gen` from s (which absorbs `ctx` tokens first, timed
+ * into *ctx_seconds), in bursts of `bt` tokens taken in turn: probe, start burst, probe, context
+ * burst, probe, ... so that a start burst and the context burst after it share their middle
+ * probe. The machine's memory bandwidth switches level every few minutes; two runs minutes apart
+ * compared two machines, bursts fractions of a second apart compare one. */
+static int measure_decode_pair(bench *B, cn_state *s0, int ctx, int gen, int bt, decode_pair *d,
+                               double *ctx_seconds) {
+    int rc = cn_state_reset(B->s);
+    if (!rc) rc = cn_state_reset(s0);
+    if (!rc) {
+        double t0 = now_s();
+        rc = prefill(B, ctx);
+        *ctx_seconds = now_s() - t0;
+    }
+    if (rc) return rc;
+    if ((gen + bt - 1) / bt > MAX_BURSTS) bt = (gen + MAX_BURSTS - 1) / MAX_BURSTS;
+    d->bursts = (gen + bt - 1) / bt;
+    d->burst_tokens = bt;
+    d->pair_ratio = calloc((size_t)d->bursts, sizeof *d->pair_ratio);
+    d->pair_ok = calloc((size_t)d->bursts, 1);
+    double *sec = calloc((size_t)d->bursts * 2, sizeof *sec), *bws = calloc((size_t)d->bursts * 2 + 1, sizeof *bws);
+    if (!d->pair_ratio || !d->pair_ok || !sec || !bws) {
+        free(sec);
+        free(bws);
+        return CN_ENOMEM;
+    }
+    run *side[2] = {&d->start, &d->ctx};
+    side[0]->name = "decode", side[1]->name = "decode_8k";
+    side[0]->ctx0 = 0, side[1]->ctx0 = ctx;
+    int32_t tok[2] = {B->toks[0], B->toks[0]};
+    cn_state *st[2] = {s0, B->s};
+    double cpu[2] = {0, 0}, bw = probe_bw(B);
+    bws[0] = bw;
+    for (int k = 0; !rc && k < d->bursts; k++) {
+        int n = gen - k * bt < bt ? gen - k * bt : bt;
+        double share[2] = {0, 0};
+        for (int i = 0; !rc && i < 2; i++) {
+            double c;
+            rc = burst(B, st[i], &tok[i], n, &bw, side[i], &sec[2 * k + i], &c);
+            cpu[i] += c;
+            share[i] = sec[2 * k + i] > 0 ? c / (sec[2 * k + i] * B->n_threads) : 0;
+            side[i]->tokens += n;
+            bws[2 * k + i + 1] = bw;
+        }
+        if (rc) break;
+        /* one machine: the same memory speed around both, and the same share of the cores */
+        double lo = fmin(fmin(bws[2 * k], bws[2 * k + 1]), bws[2 * k + 2]);
+        double hi = fmax(fmax(bws[2 * k], bws[2 * k + 1]), bws[2 * k + 2]);
+        d->pair_ok[k] = probes_agree(lo, hi) && probes_agree(share[0], share[1]);
+        d->pair_ratio[k] = sec[2 * k + 1] > 0 ? sec[2 * k] / sec[2 * k + 1] : 0; /* same n each side */
+        d->agree += d->pair_ok[k];
+    }
+    if (!rc) {
+        /* the median pair: one burst that another job's spike slowed moves it little */
+        d->over_start = median_pairs(d, 1);
+        d->over_start_cpu = cpu[1] > 0 ? cpu[0] / cpu[1] : 0;
+        double ts = 0, tc = 0; /* the same tokens each side */
+        for (int k = 0; k < d->bursts; k++) ts += sec[2 * k], tc += sec[2 * k + 1];
+        for (int i = 0; i < 2; i++) {
+            run *r = side[i];
+            r->tok_s = r->seconds > 0 ? r->tokens / r->seconds : 0;
+            r->bw = r->seconds > 0 ? r->bw / r->seconds : 0;
+            r->cpu_share = r->seconds > 0 ? cpu[i] / (r->seconds * B->n_threads) : 0;
+            int good = 0;
+            for (int k = 0; k < d->bursts; k++) good += probes_agree(bws[2 * k + i], bws[2 * k + i + 1]);
+            r->reliable = 2 * good >= d->bursts; /* most of its bursts saw one machine */
+            d->roof_reliable[i] = good > 0;
+            for (int k = 0; k < d->bursts; k++) {
+                if (good && !probes_agree(bws[2 * k + i], bws[2 * k + i + 1])) continue;
+                int n = gen - k * bt < bt ? gen - k * bt : bt;
+                d->roof_n[i] += n;
+                d->roof_t[i] += sec[2 * k + i];
+                d->roof_bw[i] += sec[2 * k + i] * (bws[2 * k + i] + bws[2 * k + i + 1]) / 2;
+            }
+            fprintf(stderr, "cairn: %-10s %6d tokens in %8.3f s: %9.2f tok/s (cpu share %.2f, %d bursts, %d with "
+                            "agreeing probes, %.1f GB/s)\n",
+                    r->name, r->tokens, r->seconds, r->tok_s, r->cpu_share, d->bursts, good, r->bw);
+        }
+        fprintf(stderr, "cairn: decode_8k over decode %.3f over every burst; %.3f over the %d of %d pairs that saw "
+                        "one machine; CPU seconds %.3f\n", ts > 0 && tc > 0 ? ts / tc : 0, d->over_start, d->agree,
+                d->bursts, d->over_start_cpu);
+    }
+    free(sec);
+    free(bws);
+    return rc;
+}
+
+static void decode_pair_free(decode_pair *d) {
+    free(d->pair_ratio);
+    free(d->pair_ok);
 }
 
 /* ---- snapshot paging: the prefix cache's device tier ---------------------------------------- */
@@ -503,7 +681,7 @@ static int pattern_counts(const char *pat, int n[N_TYPES]) {
 int cn_bench_model(int argc, char **argv) {
     const char *model = NULL, *preset = NULL, *weights = NULL, *backend = NULL, *work_dir = NULL;
     int layers = 0, prompt = 2048, prompt_short = -1, context = 8192, gen = 64, threads = 0, ubatch = 0;
-    int probe_mb = 512, json = 0;
+    int probe_mb = 512, json = 0, burst_tokens = 8;
     uint64_t seed = 0;
     cn_flag flags[] = {
         {"model", CN_FLAG_STR, &model, "DIR", "model directory to bench", 0, 0},
@@ -515,6 +693,7 @@ int cn_bench_model(int argc, char **argv) {
         {"prompt-short", CN_FLAG_INT, &prompt_short, "N", "tokens of the short prefill (default min(512, --prompt))", 0, 0},
         {"context", CN_FLAG_INT, &context, "N", "context before the second decode run (default 8192)", 0, 0},
         {"gen", CN_FLAG_INT, &gen, "N", "tokens per decode run (default 64)", 0, 0},
+        {"burst", CN_FLAG_INT, &burst_tokens, "N", "decode tokens per burst, the two decode runs taking turns (default 8)", 0, 0},
         {"threads", CN_FLAG_INT, &threads, "N", "CPU threads, model and probes (default: all cores)", 0, 0},
         {"backend", CN_FLAG_STR, &backend, "NAME", "cpu, cuda or cuda:N (default: $CAIRN_BACKEND or cpu)", 0, 0},
         {"ubatch", CN_FLAG_INT, &ubatch, "N", "tokens per forward chunk (default: the model's)", 0, 0},
@@ -534,6 +713,7 @@ int cn_bench_model(int argc, char **argv) {
     else if (layers && !preset) bad = "--layers needs --preset";
     else if (layers < 0) bad = "--layers must not be negative";
     else if (prompt < 1 || context < 1 || gen < 1) bad = "--prompt, --context and --gen must be at least 1";
+    else if (burst_tokens < 1) bad = "--burst must be at least 1";
     else if (prompt_short == 0 || prompt_short < -1) bad = "--prompt-short must be at least 1";
     else if (probe_mb < 1 || probe_mb > (1 << 20)) bad = "--probe-mb must be in 1..1048576";
     else if (ubatch < 0) bad = "--ubatch must not be negative";
@@ -556,6 +736,9 @@ int cn_bench_model(int argc, char **argv) {
     /* 1. the checkpoint, then the high-water mark reset so that building it does not count */
     ckpt ck;
     bench B = {0};
+    cn_state *s0 = NULL; /* the decode run from a fresh state; B.s takes the context */
+    decode_pair dp;
+    memset(&dp, 0, sizeof dp);
     cn_backend *be = NULL;
     cJSON *out = NULL;
     int status = 1;
@@ -587,6 +770,10 @@ int cn_bench_model(int argc, char **argv) {
     if (context + gen > max_ctx) max_ctx = context + gen;
     if ((rc = cn_state_create(&B.s, B.m, max_ctx + 1, 0))) {
         fprintf(stderr, "cairn: state of %d tokens: %s\n", max_ctx + 1, cn_strerror(rc));
+        goto done;
+    }
+    if ((rc = cn_state_create(&s0, B.m, gen + 1, 0))) {
+        fprintf(stderr, "cairn: state of %d tokens: %s\n", gen + 1, cn_strerror(rc));
         goto done;
     }
     B.toks = malloc((size_t)max_ctx * sizeof *B.toks);
@@ -663,16 +850,18 @@ int cn_bench_model(int argc, char **argv) {
         fprintf(stderr, "cairn: warm-up forward: %s\n", cn_strerror(rc));
         goto done;
     }
-    run r512, r2k, rdec, rdec8k, reager;
+    run r512, r2k, reager;
     memset(&reager, 0, sizeof reager);
     double ctx_s = 0;
+    /* a device's bandwidth holds still, and each switch of state there re-captures its step:
+     * one burst a side, the start's then the context's */
     if ((rc = measure(&B, &r512, "prefill512", 0, 0, prompt_short, NULL)) ||
         (rc = measure(&B, &r2k, "prefill", 0, 0, prompt, NULL)) ||
-        (rc = measure(&B, &rdec, "decode", 1, 0, gen, NULL)) ||
-        (rc = measure(&B, &rdec8k, "decode_8k", 1, context, gen, &ctx_s))) {
+        (rc = measure_decode_pair(&B, s0, context, gen, B.device ? gen : burst_tokens, &dp, &ctx_s))) {
         fprintf(stderr, "cairn: forward: %s\n", cn_strerror(rc));
         goto done;
     }
+    const run rdec = dp.start, rdec8k = dp.ctx;
     /* a device backend: decode again with its steps launched op by op instead of replayed */
     if (B.device) {
         if (!(rc = cn_backend_set_record(be, 0))) rc = measure(&B, &reager, "decode_eager", 1, 0, gen, NULL);
@@ -694,8 +883,10 @@ int cn_bench_model(int argc, char **argv) {
     double kv = (double)tr.kv_per_ctx;
     double bpt = (double)tr.weights + tr.state_fixed + kv * (gen - 1) / 2.0;
     double bpt8k = (double)tr.weights + tr.state_fixed + kv * (context + (gen - 1) / 2.0);
-    double roof = rdec.bw > 0 ? rdec.tok_s * bpt / (rdec.bw * 1e9) : 0;
-    double roof8k = rdec8k.bw > 0 ? rdec8k.tok_s * bpt8k / (rdec8k.bw * 1e9) : 0;
+    /* bytes the bursts read over bytes the memory could have given in their time, over the
+     * bursts whose probes agree */
+    double roof = dp.roof_bw[0] > 0 ? dp.roof_n[0] * bpt / (dp.roof_bw[0] * 1e9) : 0;
+    double roof8k = dp.roof_bw[1] > 0 ? dp.roof_n[1] * bpt8k / (dp.roof_bw[1] * 1e9) : 0;
     double P = (double)tr.prefill_params;
     double gops2k = 2 * P * r2k.tok_s / 1e9, gops512 = 2 * P * r512.tok_s / 1e9;
     uint64_t hwm = vm_hwm();
@@ -728,6 +919,17 @@ int cn_bench_model(int argc, char **argv) {
     cJSON_AddNumberToObject(out, "mem_bw_8k_gbs", rdec8k.bw);
     cJSON_AddNumberToObject(out, "decode_8k_roofline_ratio", roof8k);
     cJSON_AddNumberToObject(out, "decode_8k_over_start", rdec.tok_s > 0 ? rdec8k.tok_s / rdec.tok_s : 0);
+    cJSON_AddNumberToObject(out, "decode_8k_over_start_agreeing", dp.over_start);
+    cJSON_AddNumberToObject(out, "decode_8k_over_start_cpu", dp.over_start_cpu);
+    cJSON_AddNumberToObject(out, "decode_bursts", dp.bursts);
+    cJSON_AddNumberToObject(out, "decode_burst_tokens", dp.burst_tokens);
+    cJSON_AddNumberToObject(out, "decode_pairs_agreeing", dp.agree);
+    cJSON_AddBoolToObject(out, "decode_roofline_from_agreeing", dp.roof_reliable[0]);
+    {
+        cJSON *pr = cJSON_AddArrayToObject(out, "decode_pair_ratios");
+        for (int k = 0; k < dp.bursts; k++)
+            cJSON_AddItemToArray(pr, cJSON_CreateNumber(dp.pair_ok[k] ? dp.pair_ratio[k] : -dp.pair_ratio[k]));
+    }
     cJSON_AddNumberToObject(out, "weight_bytes_per_token", (double)tr.weights);
     cJSON_AddNumberToObject(out, "state_bytes_per_token", (double)tr.state_fixed);
     cJSON_AddNumberToObject(out, "kv_bytes_per_context_token", (double)tr.kv_per_ctx);
@@ -851,8 +1053,10 @@ int cn_bench_model(int argc, char **argv) {
                    pg.decode_tok_s);
         printf("decode       %.0f bytes/token (weights %.0f + state %.0f + KV %.0f/ctx token): roofline ratio %.3f\n",
                bpt, (double)tr.weights, (double)tr.state_fixed, kv, roof);
-        printf("decode 8k    %.0f bytes/token: roofline ratio %.3f, %.3f of decode at the start\n", bpt8k, roof8k,
-               rdec.tok_s > 0 ? rdec8k.tok_s / rdec.tok_s : 0);
+        printf("decode 8k    %.0f bytes/token: roofline ratio %.3f, %.3f of decode at the start (%d alternating "
+               "pairs of %d-token bursts; %.3f over the %d that saw one machine; CPU seconds %.3f)\n",
+               bpt8k, roof8k, rdec.tok_s > 0 ? rdec8k.tok_s / rdec.tok_s : 0, dp.bursts, dp.burst_tokens,
+               dp.over_start, dp.agree, dp.over_start_cpu);
         printf("prefill      2 x %.0f params x tok/s = %.1f Gop/s (512: %.1f): %.3f of peak\n", P, gops2k, gops512,
                peak > 0 ? gops2k / peak : 0);
         printf("memory       peak %.2f GiB (VmHWM less the %d MiB probe buffer)\n", peak_mem / 1073741824.0,
@@ -868,6 +1072,8 @@ done:
     free(B.toks);
     free(B.logits);
     cn_state_free(B.s);
+    cn_state_free(s0);
+    decode_pair_free(&dp);
     if (B.m || be) cn_cli_close_model(be, B.m);
     cn_pool_free(B.pool);
     cn_probe_buf_free(B.probe, B.probe_bytes);

@@ -17,7 +17,7 @@ static char g_tmp[512];
 static char g_model[600];
 
 /* Tiny sizes: the run takes about a second, most of it the peak probe. */
-#define SMALL "--prompt 24 --prompt-short 8 --context 40 --gen 4 --probe-mb 16 --threads 2 --json"
+#define SMALL "--prompt 24 --prompt-short 8 --context 40 --gen 5 --burst 2 --probe-mb 16 --threads 2 --json"
 
 static cJSON *bench_json(const char *args) {
     char *out = NULL;
@@ -64,6 +64,23 @@ static void check_keys(const cJSON *j) {
         assert_true(cJSON_IsBool(cJSON_GetObjectItemCaseSensitive(r, "reliable")));
     }
     assert_true(cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(j, "unreliable")));
+    /* the two decode runs took turns: 5 tokens in bursts of 2, 2 and 1, each pair judged */
+    assert_int_equal(cJSON_GetObjectItemCaseSensitive(j, "decode_bursts")->valueint, 3);
+    assert_int_equal(cJSON_GetObjectItemCaseSensitive(j, "decode_burst_tokens")->valueint, 2);
+    for (int i = 2; i < 4; i++)
+        assert_int_equal(cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(runs, names[i]), "tokens")
+                             ->valueint, 5);
+    int agree = cJSON_GetObjectItemCaseSensitive(j, "decode_pairs_agreeing")->valueint;
+    assert_true(agree >= 0 && agree <= 3);
+    const cJSON *pr = cJSON_GetObjectItemCaseSensitive(j, "decode_pair_ratios");
+    assert_int_equal(cJSON_GetArraySize(pr), 3);
+    int marked = 0;
+    for (const cJSON *v = pr->child; v; v = v->next) marked += v->valuedouble > 0;
+    assert_int_equal(marked, agree); /* pairs that saw two machines are negated */
+    assert_true(cJSON_GetObjectItemCaseSensitive(j, "decode_8k_over_start")->valuedouble > 0);
+    double med = cJSON_GetObjectItemCaseSensitive(j, "decode_8k_over_start_agreeing")->valuedouble;
+    assert_true(agree ? med > 0 : med == 0);
+    assert_true(cJSON_GetObjectItemCaseSensitive(j, "decode_8k_over_start_cpu")->valuedouble > 0);
 }
 
 static void test_preset_every_key(void **st) {
@@ -116,6 +133,7 @@ static void test_usage_errors(void **st) {
         "--preset tiny --prompt 0",              /* sizes */
         "--preset tiny --gen -1",
         "--preset tiny --probe-mb 0",
+        "--preset tiny --burst 0",
         "--preset tiny --no-such-flag",
         "--preset",                              /* missing value */
     };

@@ -6,10 +6,11 @@
  * the table at run time). Weight values are decoded exactly (bf16/f16/e4m3 -> f32 is lossless), so
  * SIMD and scalar differ only by the order of the fp32 additions.
  *
- * Decode (one x row) is a stream of weight bytes: the AVX-512 one-row tile runs 8 weight rows side
- * by side (8 independent accumulators). Those 8 rows are B rows apart when the range holds 8 * B
- * of them: each accumulator walks B consecutive rows, so the tile reads 8 long runs of memory
- * rather than 8 short rows that restart the hardware prefetchers every tile (cpu_matmul.c gives
+ * Decode (one x row) is a stream of weight bytes: the AVX-512 one-row tile runs 4 weight rows side
+ * by side (4 independent accumulators; 8 until 16 open streams on two cores proved slower, see
+ * a5_stream). Those rows are B rows apart when the range holds 4 * B of them: each accumulator
+ * walks B consecutive rows, so the tile reads long runs of memory
+ * rather than short rows that restart the hardware prefetchers every tile (cpu_matmul.c gives
  * one-row matmuls ranges of hundreds of rows), and each run is prefetched a line at a time 1 KiB
  * ahead, past the row's end into the run's next row. Measured on this machine (lm_head-shaped
  * 131072 x 2688 BF16, one thread, GB of weights per CPU-second, loaded machine): 14 with 8 rows
@@ -443,10 +444,14 @@ A5_IN void a5_block(int dt, int R, int NR, const cpu_wmat *w, const float *const
 
 /* Decode's walk (header): NR streams of B consecutive weight rows each, so that the hardware
  * prefetchers keep streaming; the R x rows (1 to 4: decode, a speculative verify) share every
- * weight load, and 32 registers hold R * NR sums. */
+ * weight load, and 32 registers hold R * NR sums. One x row takes 4 streams, not 8: with 16 open
+ * streams on the 2 cores the memory gave less (a 131072 x 2688 BF16 matrix, two threads, the two
+ * walks taking turns every 3 products in one process: 48.0-55.6 GB/s against 38.3-43.4, 1.24-1.28x;
+ * 24.3 against 21.6 with other jobs on the cores), and 4 independent sums still cover the FMA
+ * latency at memory speed. */
 A5_IN void a5_stream(int dt, int R, const cpu_wmat *w, const float *const *xr, float *const *yr,
                      int64_t n0, int64_t n1) {
-    const int NR = R <= 2 ? 8 : 4;
+    const int NR = R == 2 ? 8 : 4;
     const int64_t B = (n1 - n0) / NR;
     for (int64_t r = 0; r < B; r++) a5_block(dt, R, NR, w, xr, yr, n0 + r, B);
     int64_t n = n0 + NR * B;
