@@ -237,22 +237,16 @@ static int matmul_out(cn_model *m, int acc, cn_tensor *y, const cn_tensor *w, co
     return cn_op_add(m->b, y, y, &o);
 }
 
-/* A piece of a batch ends at `end` (tokens into the piece); capture >= 0 names the snapshot that
- * receives the recurrent state there. */
 /* Captures a piece is cut at, at most (more shorten the piece): its segments are these and the
  * rest. */
 #define PIECE_CAPS 64
 
+/* A piece of a batch ends at `end` (tokens into the piece); capture >= 0 names the snapshot that
+ * receives the recurrent state there. */
 typedef struct segment {
     int end;
     int capture;
 } segment;
-
-static void swap_data(cn_tensor *a, cn_tensor *b) {
-    void *t = a->data;
-    a->data = b->data;
-    b->data = t;
-}
 
 /* MAMBA2(in) -> out (acc: added into out), over T tokens cut in segments; with rp (a verify, one
  * piece) the captures get their conv tails and rp the SSM's starting state and inputs. */
@@ -285,28 +279,24 @@ static int mamba_mixer(cn_model *m, const cn_mamba_w *w, cn_layer_state *ls, int
         cap_conv[n_cap] = &caps[seg[i].capture].conv[mamba_idx];
         cap_ssm[n_cap++] = &caps[seg[i].capture].ssm[mamba_idx];
     }
-    if (rp) { /* model.h cn_replay: no SSM state written but the one after the piece */
+    if (rp || (n_cap > 0 && rows_at[0] >= 1 && cn_backend_has_state_caps(b))) {
         const cn_state_caps cc = {.n = n_cap, .rows = rows_at, .states = cap_conv};
-        CHECK(cn_op_conv1d_caps(b, &conv, &xbc, &w->conv_w, w->conv_b.data ? &w->conv_b : NULL,
-                                &ls->conv, &cc));
-        CHECK(cn_op_silu(b, &conv, &conv));                               /* xBC = silu(conv(xBC)) */
-        cn_tensor kin = rows(&rp->xbc[mamba_idx], T), kdt = rows(&rp->dt[mamba_idx], T);
-        CHECK(cn_backend_copy(b, &kin, &conv));
-        CHECK(cn_backend_copy(b, &kdt, &dt));
-        cn_tensor xs = cn_tensor_cols(&conv, 0, di);
-        cn_tensor B = cn_tensor_cols(&conv, di, gn), C = cn_tensor_cols(&conv, di + gn, gn);
-        CHECK(cn_op_ssm_scan_from(b, &y, &xs, &dt, &B, &C, &a, &rp->s0[mamba_idx], &ls->ssm));
-        swap_data(&ls->ssm, &rp->s0[mamba_idx]); /* live: the state after; s0: the one before */
-        n_seg = 0;
-    } else if (n_cap > 0 && rows_at[0] >= 1 && cn_backend_has_state_caps(b)) {
-        const cn_state_caps cc = {.n = n_cap, .rows = rows_at, .states = cap_conv};
-        const cn_state_caps sc = {.n = n_cap, .rows = rows_at, .states = cap_ssm};
         CHECK(cn_op_conv1d_caps(b, &conv, &xbc, &w->conv_w, w->conv_b.data ? &w->conv_b : NULL,
                                 &ls->conv, &cc));
         CHECK(cn_op_silu(b, &conv, &conv));                               /* xBC = silu(conv(xBC)) */
         cn_tensor xs = cn_tensor_cols(&conv, 0, di);
         cn_tensor B = cn_tensor_cols(&conv, di, gn), C = cn_tensor_cols(&conv, di + gn, gn);
-        CHECK(cn_op_ssm_scan_caps(b, &y, &xs, &dt, &B, &C, &a, &ls->ssm, &sc)); /* y = SSM + D x */
+        if (rp) { /* model.h cn_replay: no SSM state written but the one after the piece */
+            cn_tensor kin = rows(&rp->xbc[mamba_idx], T), kdt = rows(&rp->dt[mamba_idx], T);
+            CHECK(cn_backend_copy(b, &kin, &conv));
+            CHECK(cn_backend_copy(b, &kdt, &dt));
+            CHECK(cn_op_ssm_scan_from(b, &y, &xs, &dt, &B, &C, &a, &rp->s0[mamba_idx], &ls->ssm));
+            /* live: the state after; s0: the one before */
+            cn_tensor_swap_data(&ls->ssm, &rp->s0[mamba_idx]);
+        } else {
+            const cn_state_caps sc = {.n = n_cap, .rows = rows_at, .states = cap_ssm};
+            CHECK(cn_op_ssm_scan_caps(b, &y, &xs, &dt, &B, &C, &a, &ls->ssm, &sc)); /* y = SSM + D x */
+        }
         n_seg = 0; /* done: the loop below has nothing left to cut */
     }
     int start = 0;

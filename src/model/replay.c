@@ -51,12 +51,6 @@ fail:
     return CN_ENOMEM;
 }
 
-static void swap_data(cn_tensor *a, cn_tensor *b) {
-    void *t = a->data;
-    a->data = b->data;
-    b->data = t;
-}
-
 int cn_model_replay(cn_model *m, cn_state *s, cn_replay *rp, cn_rsnap *snap) {
     const int n = snap->offset - rp->offset; /* rows to scan again */
     if (rp->rows < 1 || s->offset != rp->offset + rp->rows || n < 1 || n > rp->rows ||
@@ -72,10 +66,10 @@ int cn_model_replay(cn_model *m, cn_state *s, cn_replay *rp, cn_rsnap *snap) {
         cn_tensor B = cn_tensor_cols(&in, di, gn), C = cn_tensor_cols(&in, di + gn, gn);
         cn_tensor y = cn_tensor_rows(&m->s.y, 0, n); /* the outputs are the forward's already */
         y.shape[1] = di;
-        swap_data(&ls->ssm, &rp->s0[j]); /* the starting state back */
+        cn_tensor_swap_data(&ls->ssm, &rp->s0[j]); /* the starting state back */
         int rc = cn_op_ssm_scan(m->b, &y, &xs, &dt, &B, &C, &a, &ls->ssm);
         if (rc) return rc; /* not on arguments checked at the forward */
-        swap_data(&ls->conv, &snap->conv[j]);
+        cn_tensor_swap_data(&ls->conv, &snap->conv[j]);
         j++;
     }
     s->offset = snap->offset;

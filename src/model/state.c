@@ -163,12 +163,6 @@ static int same_layout(const cn_tensor *a, const cn_tensor *b) {
     return 1;
 }
 
-static void swap_data(cn_tensor *a, cn_tensor *b) {
-    void *t = a->data;
-    a->data = b->data;
-    b->data = t;
-}
-
 int cn_state_restore_take(cn_state *s, cn_rsnap *snap) {
     if (cn_backend_has_device_memory(s->model->b) || snap->n_win) return cn_state_restore(s, snap);
     if (snap->offset < 0 || snap->offset > s->offset) return CN_EINVAL;
@@ -185,8 +179,8 @@ int cn_state_restore_take(cn_state *s, cn_rsnap *snap) {
     for (int l = 0, i = 0; l < s->n_layers; l++) {
         cn_layer_state *ls = &s->layers[l];
         if (ls->type != CN_BLOCK_MAMBA) continue;
-        swap_data(&ls->conv, &snap->conv[i]);
-        swap_data(&ls->ssm, &snap->ssm[i]);
+        cn_tensor_swap_data(&ls->conv, &snap->conv[i]);
+        cn_tensor_swap_data(&ls->ssm, &snap->ssm[i]);
         i++;
     }
     s->offset = snap->offset;

@@ -87,5 +87,11 @@ cn_tensor cn_tensor_rows(const cn_tensor *t, int64_t row0, int64_t nrow);
 static inline void *cn_tensor_row(const cn_tensor *t, int64_t r) {
     return (char *)t->data + r * t->stride[0];
 }
+/* Exchanges the buffers of a and b (tensors of one layout: a state and its spare take turns). */
+static inline void cn_tensor_swap_data(cn_tensor *a, cn_tensor *b) {
+    void *t = a->data;
+    a->data = b->data;
+    b->data = t;
+}
 
 #endif
