@@ -331,20 +331,19 @@ static int decode(bench *B, int n) {
     return decode_on(B, B->s, &t, n);
 }
 
-/* Runs one measurement: fresh state, `ctx` untimed prompt tokens, then the timed part (a prefill
- * of n tokens, or n decodes) between two bandwidth probes. */
-static int measure(bench *B, run *r, const char *name, int is_decode, int ctx, int n,
-                   double *ctx_seconds) {
+/* Two probes (or cpu shares) within UNRELIABLE_SPREAD of each other, relative to the lower. */
+static int probes_agree(double a, double b) {
+    double lo = fmin(a, b), hi = fmax(a, b);
+    return lo > 0 && (hi - lo) / lo <= UNRELIABLE_SPREAD;
+}
+
+/* Runs one measurement on a fresh state: a prefill of n tokens, or n decodes, between two
+ * bandwidth probes (the decodes at 8k of context: measure_decode_pair). */
+static int measure(bench *B, run *r, const char *name, int is_decode, int n) {
     memset(r, 0, sizeof *r);
     r->name = name;
     r->tokens = n;
-    r->ctx0 = ctx;
     int rc = cn_state_reset(B->s);
-    if (!rc && ctx > 0) {
-        double t0 = now_s();
-        rc = prefill(B, ctx);
-        if (ctx_seconds) *ctx_seconds = now_s() - t0;
-    }
     if (rc) return rc;
     r->bw_before = probe_bw(B);
     double t0 = now_s(), c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
@@ -356,48 +355,38 @@ static int measure(bench *B, run *r, const char *name, int is_decode, int ctx, i
     if (rc) return rc;
     r->tok_s = r->seconds > 0 ? n / r->seconds : 0;
     r->bw = (r->bw_before + r->bw_after) / 2;
-    double lo = fmin(r->bw_before, r->bw_after), hi = fmax(r->bw_before, r->bw_after);
-    r->reliable = lo > 0 && (hi - lo) / lo <= UNRELIABLE_SPREAD;
+    r->reliable = probes_agree(r->bw_before, r->bw_after);
     fprintf(stderr, "cairn: %-10s %6d tokens in %8.3f s: %9.2f tok/s (cpu share %.2f, probes %.1f / %.1f GB/s%s)\n",
             name, n, r->seconds, r->tok_s, r->cpu_share, r->bw_before, r->bw_after, r->reliable ? "" : ", unreliable");
     return 0;
 }
 
-/* Probes further apart than UNRELIABLE_SPREAD, relative to the lower. */
-static int probes_agree(double a, double b) {
-    double lo = fmin(a, b), hi = fmax(a, b);
-    return lo > 0 && (hi - lo) / lo <= UNRELIABLE_SPREAD;
-}
-
-typedef struct decode_pair decode_pair;
-static double median_pairs(const decode_pair *d, int agreeing_only);
-
 /* The two decode runs, interleaved so that both see the same machine. */
-struct decode_pair {
+typedef struct decode_pair {
     run start, ctx;           /* totals over every burst of each side (run.bw time-weighted) */
     int bursts;               /* bursts per side */
     int burst_tokens;         /* tokens per burst (the last may hold fewer) */
     int agree;                /* pairs (start burst k, context burst k) whose 3 probes agree */
     double over_start;        /* context tok/s over start tok/s, median of the agreeing pairs (0 if none) */
     double over_start_cpu;    /* start CPU seconds over context CPU seconds, every burst */
-    double roof_n[2], roof_t[2], roof_bw[2]; /* per side, reliable bursts (all if none): tokens,
-                                              * seconds, sum of seconds x GB/s */
+    double roof_n[2], roof_bw[2]; /* per side, reliable bursts (all if none): tokens, sum of
+                                   * seconds x GB/s */
     int roof_reliable[2];     /* bursts the roofline figures came from were reliable */
     double *pair_ratio;       /* [bursts] per pair: context tok/s over start tok/s */
     unsigned char *pair_ok;   /* [bursts] whether that pair's probes and CPU shares agree */
-};
+} decode_pair;
 
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
 
-/* The median of the pairs' ratios (of the agreeing ones only, if asked); 0 if none. */
-static double median_pairs(const decode_pair *d, int agreeing_only) {
+/* The median of the agreeing pairs' ratios; 0 if none. */
+static double median_agreeing(const decode_pair *d) {
     double v[MAX_BURSTS];
     int n = 0;
     for (int k = 0; k < d->bursts && n < MAX_BURSTS; k++)
-        if (!agreeing_only || d->pair_ok[k]) v[n++] = d->pair_ratio[k];
+        if (d->pair_ok[k]) v[n++] = d->pair_ratio[k];
     if (!n) return 0;
     qsort(v, (size_t)n, sizeof *v, cmp_double);
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
@@ -472,7 +461,7 @@ static int measure_decode_pair(bench *B, cn_state *s0, int ctx, int gen, int bt,
     }
     if (!rc) {
         /* the median pair: one burst that another job's spike slowed moves it little */
-        d->over_start = median_pairs(d, 1);
+        d->over_start = median_agreeing(d);
         d->over_start_cpu = cpu[1] > 0 ? cpu[0] / cpu[1] : 0;
         double ts = 0, tc = 0; /* the same tokens each side */
         for (int k = 0; k < d->bursts; k++) ts += sec[2 * k], tc += sec[2 * k + 1];
@@ -489,7 +478,6 @@ static int measure_decode_pair(bench *B, cn_state *s0, int ctx, int gen, int bt,
                 if (good && !probes_agree(bws[2 * k + i], bws[2 * k + i + 1])) continue;
                 int n = gen - k * bt < bt ? gen - k * bt : bt;
                 d->roof_n[i] += n;
-                d->roof_t[i] += sec[2 * k + i];
                 d->roof_bw[i] += sec[2 * k + i] * (bws[2 * k + i] + bws[2 * k + i + 1]) / 2;
             }
             fprintf(stderr, "cairn: %-10s %6d tokens in %8.3f s: %9.2f tok/s (cpu share %.2f, %d bursts, %d with "
@@ -855,8 +843,8 @@ int cn_bench_model(int argc, char **argv) {
     double ctx_s = 0;
     /* a device's bandwidth holds still, and each switch of state there re-captures its step:
      * one burst a side, the start's then the context's */
-    if ((rc = measure(&B, &r512, "prefill512", 0, 0, prompt_short, NULL)) ||
-        (rc = measure(&B, &r2k, "prefill", 0, 0, prompt, NULL)) ||
+    if ((rc = measure(&B, &r512, "prefill512", 0, prompt_short)) ||
+        (rc = measure(&B, &r2k, "prefill", 0, prompt)) ||
         (rc = measure_decode_pair(&B, s0, context, gen, B.device ? gen : burst_tokens, &dp, &ctx_s))) {
         fprintf(stderr, "cairn: forward: %s\n", cn_strerror(rc));
         goto done;
@@ -864,7 +852,7 @@ int cn_bench_model(int argc, char **argv) {
     const run rdec = dp.start, rdec8k = dp.ctx;
     /* a device backend: decode again with its steps launched op by op instead of replayed */
     if (B.device) {
-        if (!(rc = cn_backend_set_record(be, 0))) rc = measure(&B, &reager, "decode_eager", 1, 0, gen, NULL);
+        if (!(rc = cn_backend_set_record(be, 0))) rc = measure(&B, &reager, "decode_eager", 1, gen);
         int rc2 = cn_backend_set_record(be, 1);
         if (rc || (rc = rc2)) {
             fprintf(stderr, "cairn: forward: %s\n", cn_strerror(rc));
