@@ -289,13 +289,13 @@ __device__ __forceinline__ void g1_write(const g1_epi &e, bool combine, char *__
 /* y[r][n] = w.scale * dot(W_r[n], x_r) for blockIdx.y = r: dense (table NULL, one row) or the
  * gathered rows of a decode token (W_r = table[ids[r]], rows <= MM_GATHER_GEMV_ROWS; every block
  * checks all ids first and on a bad one block (0,0) sets *flag and nothing is written). */
-template <int DT, int U>
+template <int DT>
 __global__ void __launch_bounds__(256, MM_G1_MINB)
     k_gemv1(cu_wexp dense, const cu_wexp *__restrict__ table, int n_w, const char *__restrict__ ids,
             int64_t ids_s, int k, const char *__restrict__ x, int64_t xs, int x_per_token,
             char *__restrict__ y, int64_t ys, int64_t K, int64_t N, int S, int rows, int *flag,
             g1_epi epi) {
-    constexpr int V = mm_g1<DT>::V, Q = mm_g1<DT>::Q, RW = MM_G1_RW;
+    constexpr int V = mm_g1<DT>::V, Q = mm_g1<DT>::Q, U = mm_g1<DT>::U, RW = MM_G1_RW;
     /* BS: block-scaled; BQ: float4s of a chunk per block scale (NVFP4 4, MXFP8 the whole chunk) */
     constexpr bool BS = DT == CN_NVFP4 || DT == CN_MXFP8;
     constexpr int BQ = DT == CN_NVFP4 ? 4 : Q;
@@ -497,17 +497,16 @@ static void launch_gemv1(cu_ctx *c, const cu_wexp &dense, const cu_wexp *table, 
     int S = 1;
     while (S < 8 && rows * n_groups * S < want) S *= 2;
     int64_t bx = (n_groups + 8 / S - 1) / (8 / S);
-    constexpr int U = mm_g1<DT>::U;
     int &per_sm = c->g1_blocks[DT]; /* resident blocks per SM, asked once (largest staging) */
     if (!per_sm &&
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_gemv1<DT, U>, 256,
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k_gemv1<DT>, 256,
                                                       (size_t)MM_G1_MAXK * sizeof(float)) != cudaSuccess)
         per_sm = 1;
     if (per_sm < 1) per_sm = 1;
     /* one wave: every block stages x once, so a second wave would pay for it again */
     const int64_t cap = ((int64_t)c->n_sm * per_sm + rows - 1) / rows;
     const dim3 grid((unsigned)(bx > cap ? cap : bx), (unsigned)rows);
-    k_gemv1<DT, U><<<grid, 256, (size_t)K * sizeof(float), c->stream>>>(
+    k_gemv1<DT><<<grid, 256, (size_t)K * sizeof(float), c->stream>>>(
         dense, table, n_w, ids ? (const char *)ids->data : NULL, ids ? ids->stride[0] : 0, k,
         (const char *)x->data, x->stride[0], x_per_token, (char *)y->data, y->stride[0], K, N, S,
         rows, c->flag_dev, epi);
