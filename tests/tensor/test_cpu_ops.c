@@ -884,6 +884,47 @@ static void test_ssm_scan_from_equal_copy(void **state) {
     }
 }
 
+/* The scan of sc with captures after rows[0..n) (one cn_op_ssm_scan_caps) against the same scan
+ * cut into calls that end at the captures, the state copied after each: outputs, final state and
+ * every capture equal bit for bit. */
+static void check_scan_caps(cn_backend *b, ssm_case *sc, const int *rows, int n) {
+    const size_t sn = (size_t)sc->H * sc->P * sc->N;
+    float *S = malloc(sn * sizeof(float)), *Scut = malloc(sn * sizeof(float));
+    float *Sc[3], *Sccut[3];
+    cn_tensor stt[3], *sct[3];
+    assert_true(n <= 3);
+    memcpy(S, sc->state0, sn * sizeof(float));
+    memcpy(Scut, sc->state0, sn * sizeof(float));
+    for (int i = 0; i < n; i++) {
+        Sc[i] = malloc(sn * sizeof(float));
+        Sccut[i] = malloc(sn * sizeof(float));
+        stt[i] = cn_tensor_2d(CN_F32, sc->H, (int64_t)sc->P * sc->N, Sc[i]);
+        sct[i] = &stt[i];
+    }
+    view ys = view_make(sc->T, (int64_t)sc->H * sc->P, 2), yscut = view_make(sc->T, (int64_t)sc->H * sc->P, 2);
+    cn_tensor Sst = cn_tensor_2d(CN_F32, sc->H, (int64_t)sc->P * sc->N, S);
+    const cn_state_caps scc = {.n = n, .rows = rows, .states = sct};
+    assert_int_equal(cn_op_ssm_scan_caps(b, &ys.t, &sc->x.t, &sc->dt.t, &sc->B.t, &sc->C.t,
+                                         &sc->a, &Sst, &scc), CN_OK);
+    for (int i = 0, t0 = 0; i <= n; i++) {
+        int t1 = i < n ? rows[i] : sc->T;
+        if (t1 > t0) assert_int_equal(ssm_run(b, sc, &yscut, Scut, t0, t1, 0), CN_OK);
+        if (i < n) memcpy(Sccut[i], Scut, sn * sizeof(float));
+        t0 = t1;
+    }
+    assert_true(views_equal(&ys, &yscut));
+    assert_memory_equal(S, Scut, sn * sizeof(float));
+    for (int i = 0; i < n; i++) {
+        assert_memory_equal(Sc[i], Sccut[i], sn * sizeof(float));
+        free(Sc[i]);
+        free(Sccut[i]);
+    }
+    free(S);
+    free(Scut);
+    view_free(&ys);
+    view_free(&yscut);
+}
+
 /* A verify's few tokens (the scan walks blocks of 8 state rows through every token) with
  * captures: the same bits as the scan cut at the captures, the state copied after each. */
 static void test_state_caps_short_scan(void **state) {
@@ -896,41 +937,7 @@ static void test_state_caps_short_scan(void **state) {
             rng r = {17};
             ssm_case sc;
             ssm_case_init(&sc, &r, 4, 20, 2, 32, 8); /* 20 rows a head: two blocks of 8, then 4 */
-            const size_t sn = (size_t)sc.H * sc.P * sc.N;
-            const int n = n_sets[si], *rows = sets[si];
-            float *S = malloc(sn * sizeof(float)), *Scut = malloc(sn * sizeof(float));
-            float *Sc[3], *Sccut[3];
-            cn_tensor stt[3], *sct[3];
-            memcpy(S, sc.state0, sn * sizeof(float));
-            memcpy(Scut, sc.state0, sn * sizeof(float));
-            for (int i = 0; i < n; i++) {
-                Sc[i] = malloc(sn * sizeof(float));
-                Sccut[i] = malloc(sn * sizeof(float));
-                stt[i] = cn_tensor_2d(CN_F32, sc.H, (int64_t)sc.P * sc.N, Sc[i]);
-                sct[i] = &stt[i];
-            }
-            view ys = view_make(sc.T, (int64_t)sc.H * sc.P, 2), yscut = view_make(sc.T, (int64_t)sc.H * sc.P, 2);
-            cn_tensor Sst = cn_tensor_2d(CN_F32, sc.H, (int64_t)sc.P * sc.N, S);
-            const cn_state_caps scc = {.n = n, .rows = rows, .states = sct};
-            assert_int_equal(cn_op_ssm_scan_caps(b, &ys.t, &sc.x.t, &sc.dt.t, &sc.B.t, &sc.C.t,
-                                                 &sc.a, &Sst, &scc), CN_OK);
-            for (int i = 0, t0 = 0; i <= n; i++) {
-                int t1 = i < n ? rows[i] : sc.T;
-                if (t1 > t0) assert_int_equal(ssm_run(b, &sc, &yscut, Scut, t0, t1, 0), CN_OK);
-                if (i < n) memcpy(Sccut[i], Scut, sn * sizeof(float));
-                t0 = t1;
-            }
-            assert_true(views_equal(&ys, &yscut));
-            assert_memory_equal(S, Scut, sn * sizeof(float));
-            for (int i = 0; i < n; i++) {
-                assert_memory_equal(Sc[i], Sccut[i], sn * sizeof(float));
-                free(Sc[i]);
-                free(Sccut[i]);
-            }
-            free(S);
-            free(Scut);
-            view_free(&ys);
-            view_free(&yscut);
+            check_scan_caps(b, &sc, sets[si], n_sets[si]);
             ssm_case_free(&sc);
         }
         cn_backend_free(b);
@@ -986,43 +993,12 @@ static void test_state_caps_equal_segments(void **state) {
             for (int i = 0; i < n; i++) assert_true(views_equal(&cap[i], &capcut[i]));
 
             /* the scan: one call with captures */
-            float *S = malloc(sn * sizeof(float)), *Scut = malloc(sn * sizeof(float));
-            float *Sc[3], *Sccut[3];
-            cn_tensor stt[3];
-            cn_tensor *sct[3];
-            memcpy(S, sc.state0, sn * sizeof(float));
-            memcpy(Scut, sc.state0, sn * sizeof(float));
-            for (int i = 0; i < n; i++) {
-                Sc[i] = malloc(sn * sizeof(float));
-                Sccut[i] = malloc(sn * sizeof(float));
-                stt[i] = cn_tensor_2d(CN_F32, sc.H, (int64_t)sc.P * sc.N, Sc[i]);
-                sct[i] = &stt[i];
-            }
-            view ys = view_make(T, (int64_t)sc.H * sc.P, 2), yscut = view_make(T, (int64_t)sc.H * sc.P, 2);
-            cn_tensor Sst = cn_tensor_2d(CN_F32, sc.H, (int64_t)sc.P * sc.N, S);
-            const cn_state_caps scc = {.n = n, .rows = rows, .states = sct};
-            assert_int_equal(cn_op_ssm_scan_caps(b, &ys.t, &sc.x.t, &sc.dt.t, &sc.B.t, &sc.C.t,
-                                                 &sc.a, &Sst, &scc), CN_OK);
-            for (int i = 0, t0 = 0; i <= n; i++) {
-                int t1 = i < n ? rows[i] : (int)T;
-                if (t1 > t0) assert_int_equal(ssm_run(b, &sc, &yscut, Scut, t0, t1, 0), CN_OK);
-                if (i < n) memcpy(Sccut[i], Scut, sn * sizeof(float));
-                t0 = t1;
-            }
-            assert_true(views_equal(&ys, &yscut));
-            assert_memory_equal(S, Scut, sn * sizeof(float));
-            for (int i = 0; i < n; i++) assert_memory_equal(Sc[i], Sccut[i], sn * sizeof(float));
+            check_scan_caps(b, &sc, rows, n);
 
             for (int i = 0; i < n; i++) {
                 view_free(&cap[i]);
                 view_free(&capcut[i]);
-                free(Sc[i]);
-                free(Sccut[i]);
             }
-            free(S);
-            free(Scut);
-            view_free(&ys);
-            view_free(&yscut);
             view_free(&y);
             view_free(&ycut);
             view_free(&st);
