@@ -499,7 +499,18 @@ static void test_replay_restore(void **st) {
         assert_null(convs[i].ssm[0].data);
     }
     cn_replay rp;
-    assert_int_equal(cn_replay_alloc(s, 8, &rp), 0);
+    const int rrc = cn_replay_alloc(s, 8, &rp);
+    if (rrc == CN_EUNSUPPORTED) { /* a backend without ssm_scan_from (CUDA): speculation captures */
+        for (int i = 0; i < k - 1; i++) {
+            cn_rsnap_free(f.m, &caps[i]);
+            cn_rsnap_free(f.m, &convs[i]);
+        }
+        cn_state_free(s);
+        golden_free(&g);
+        close_model(&f);
+        skip();
+    }
+    assert_int_equal(rrc, 0);
     float *lv = malloc((size_t)k * f.V * sizeof *lv), *lv2 = malloc((size_t)k * f.V * sizeof *lv2);
     float *lr = malloc((size_t)n * f.V * sizeof *lr), *lr2 = malloc((size_t)n * f.V * sizeof *lr2);
     for (int c = 0; c < k - 1; c++) {

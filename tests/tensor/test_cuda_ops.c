@@ -964,6 +964,150 @@ static void test_matmul_gather_ep(void **st) {
         }
 }
 
+/* The NVFP4 decode GEMV's fused forms (norm in; relu2, add or combine out; the gated norm; x
+ * scaled into fp16's range) against a double reference from the dequantized weights: the CPU
+ * backend quantizes NVFP4 activations to int8, so it is no reference at this tolerance. */
+
+/* ref[r][n] = dot(deq of expert ids[r] (or q), xin[r / k or r]) for R rows; returns max |ref|. */
+static double fp4_ref(const pq *q, const int32_t *ids, int k, const double *xin, int x_per_token,
+                      int64_t R, int64_t N, int64_t K, double *ref) {
+    double m = 0;
+    for (int64_t r = 0; r < R; r++) {
+        const double *wb = ids ? q[ids[r]].deq : q->deq, *xr = xin + (x_per_token ? r / k : r) * K;
+        for (int64_t n = 0; n < N; n++) {
+            double a = 0;
+            for (int64_t kk = 0; kk < K; kk++) a += wb[n * K + kk] * xr[kk];
+            ref[r * N + n] = a;
+            m = fmax(m, fabs(a));
+        }
+    }
+    return m;
+}
+
+/* x rows [R, K] in double, RMS-normalised with weight nw (NULL: as they are), or gated:
+ * x silu(z) normalised per group of G. */
+static double *fp4_xin(const pv *x, const pv *nw, const pv *z, int64_t G, double eps) {
+    float *xh = get(g_cu, &x->g), *nh = nw ? get(g_cu, &nw->g) : NULL, *zh = z ? get(g_cu, &z->g) : NULL;
+    const int64_t R = x->T, K = x->C;
+    double *o = malloc((size_t)(R * K) * sizeof *o);
+    assert_non_null(o);
+    for (int64_t r = 0; r < R; r++) {
+        for (int64_t i = 0; i < K; i++)
+            o[r * K + i] = zh ? xh[r * K + i] * (zh[i] / (1.0 + exp(-(double)zh[i]))) : xh[r * K + i];
+        const int64_t g = zh ? G : K;
+        for (int64_t b = 0; nh && b < K; b += g) {
+            double ss = 0;
+            for (int64_t i = b; i < b + g; i++) ss += o[r * K + i] * o[r * K + i];
+            const double inv = 1.0 / sqrt(ss / (double)g + eps);
+            for (int64_t i = b; i < b + g; i++) o[r * K + i] *= inv * nh[i];
+        }
+    }
+    free(xh);
+    free(nh);
+    free(zh);
+    return o;
+}
+
+/* max |y - want| / scale over y's view, where want = ep(ref) (+ y0 for acc). */
+static void fp4_expect(const char *what, const pv *y, const float *y0, const double *ref, double scale,
+                       int ep) {
+    float *yh = get(g_cu, &y->g);
+    double e = 0;
+    for (int64_t i = 0; i < y->T * y->C; i++) {
+        double want = ref[i];
+        if (ep == CN_EP_RELU2) want = want > 0 ? want * want : 0;
+        if (ep == CN_EP_ACC) want += y0[i];
+        e = fmax(e, fabs(yh[i] - want) / scale);
+    }
+    if (!(e <= TOL_MM)) {
+        print_error("%s: rel err %.3g > %.1g\n", what, e, TOL_MM);
+        fail();
+    }
+    free(yh);
+}
+
+static void test_fp4_ep(void **st) {
+    (void)st;
+    const int64_t K = 1024;
+    pv nw = vec_make(K, 0.5f, 1.5f);
+    char what[96];
+    /* dense: norm + relu2, norm + add, the gated norm + add, and x far past fp16's range */
+    for (int64_t N = 150; N <= 5000; N += 4850)
+        for (int c = 0; c < 4; c++) {
+            pq w;
+            pq_make(&w, CN_NVFP4, N, K);
+            const float big = c == 3 ? 3e5f : 2.0f;
+            pv x = pv_make(1, K, 3, -big, big), z = pv_make(1, K, 1, -3, 3), y = pv_make(1, N, 2, -3, 3);
+            float *y0 = get(g_cu, &y.g);
+            const int ep = c == 0 ? CN_EP_RELU2 : c == 3 ? 0 : CN_EP_ACC;
+            double *xin = fp4_xin(&x, c == 3 ? NULL : &nw, c == 2 ? &z : NULL, 512, 1e-5);
+            double *ref = malloc((size_t)N * sizeof *ref);
+            assert_non_null(ref);
+            double m = fp4_ref(&w, NULL, 1, xin, 0, 1, N, K, ref);
+            const cn_mm_ep f = {.ep = ep, .norm = c == 3 ? NULL : &nw.g, .gate = c == 2 ? &z.g : NULL,
+                                .group = c == 2 ? 512 : 0, .eps = 1e-5f};
+            if (c == 3) assert_int_equal(cn_op_matmul(g_cu, &y.g, &w.g, &x.g), 0);
+            else assert_int_equal(cn_op_matmul_ep(g_cu, &y.g, &w.g, &x.g, &f), 0);
+            snprintf(what, sizeof what, "fp4 N=%lld case %d", (long long)N, c);
+            fp4_expect(what, &y, y0, ref, ep == CN_EP_RELU2 ? m * m : m, ep);
+            free(y0);
+            free(xin);
+            free(ref);
+            pv_free(&x);
+            pv_free(&z);
+            pv_free(&y);
+            pq_free(&w);
+        }
+    /* gathered: a token's 6 of 8 experts with relu2 (x normalised per token), then combined
+     * into the residual from per-row x; K = 1856 ends in a partial super-step */
+    const int64_t KE = 1856;
+    pv nwe = vec_make(KE, 0.5f, 1.5f);
+    enum { NW = 8 };
+    const int64_t T = 1, k = 6, N = 300;
+    pq ws[NW];
+    const cn_tensor *wg[NW];
+    for (int e = 0; e < NW; e++) {
+        pq_make(&ws[e], CN_NVFP4, N, KE);
+        wg[e] = &ws[e].g;
+    }
+    int32_t ids[6] = {3, 0, 7, 5, 1, 6};
+    pid id = pid_make(T, k, ids);
+    double *ref = malloc((size_t)(T * k * N) * sizeof *ref);
+    assert_non_null(ref);
+    pv x = pv_make(T, KE, 3, -1, 1), e = pv_make(T * k, N, 1, 0, 0);
+    double *xin = fp4_xin(&x, &nwe, NULL, 0, 1e-6);
+    double m = fp4_ref(ws, ids, (int)k, xin, 1, T * k, N, KE, ref);
+    const cn_mm_ep f = {.ep = CN_EP_RELU2, .norm = &nwe.g, .eps = 1e-6f};
+    assert_int_equal(cn_op_matmul_gather_ep(g_cu, &e.g, wg, NW, &x.g, &id.g, &f), 0);
+    fp4_expect("fp4 gather relu2", &e, NULL, ref, m * m, CN_EP_RELU2);
+    free(xin);
+    pv xr = pv_make(T * k, KE, 3, -1, 1), rw = pv_make(T, k, 1, 0, 1), y = pv_make(T, N, 2, -3, 3);
+    float *y0 = get(g_cu, &y.g), *rwh = get(g_cu, &rw.g);
+    xin = fp4_xin(&xr, NULL, NULL, 0, 0);
+    m = fp4_ref(ws, ids, (int)k, xin, 0, T * k, N, KE, ref);
+    double *comb = calloc((size_t)(T * N), sizeof *comb);
+    assert_non_null(comb);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t j = 0; j < k; j++) comb[n] += rwh[j] * ref[j * N + n];
+    const cn_mm_ep acc = {.ep = CN_EP_ACC, .weights = &rw.g};
+    assert_int_equal(cn_op_matmul_gather_ep(g_cu, &y.g, wg, NW, &xr.g, &id.g, &acc), 0);
+    fp4_expect("fp4 gather combine", &y, y0, comb, m, CN_EP_ACC);
+    free(comb);
+    free(xin);
+    free(ref);
+    free(y0);
+    free(rwh);
+    pv_free(&x);
+    pv_free(&e);
+    pv_free(&xr);
+    pv_free(&rw);
+    pv_free(&y);
+    pid_free(&id);
+    pv_free(&nw);
+    pv_free(&nwe);
+    for (int i = 0; i < NW; i++) pq_free(&ws[i]);
+}
+
 /* The ops of a decode-like step: x = emb[tok]; eh = relu2(experts(x)). */
 static int step_ops(cn_backend *b, cn_tensor *x, cn_tensor *eh, const cn_tensor *emb,
                     const cn_tensor *const *ws, int nw, const cn_tensor *tok, const cn_tensor *eids) {
@@ -1192,7 +1336,7 @@ int main(void) {
         cmocka_unit_test(test_attention),   cmocka_unit_test(test_moe),
         cmocka_unit_test(test_block_scaled),
         cmocka_unit_test(test_argmax),      cmocka_unit_test(test_matmul_ep),
-        cmocka_unit_test(test_matmul_gather_ep),
+        cmocka_unit_test(test_matmul_gather_ep), cmocka_unit_test(test_fp4_ep),
         cmocka_unit_test(test_step),        cmocka_unit_test(test_step_attention),
         cmocka_unit_test(test_step_replay),
     };

@@ -96,6 +96,7 @@ typedef struct cu_ctx {
     int device;
     int n_sm;
     int g1_blocks[CN_DTYPE_COUNT]; /* k_gemv1's resident blocks per SM by weight dtype; 0 until asked */
+    int fp4_blocks;                /* k_gemv_fp4's, 0 until asked */
     cudaStream_t stream;
     cublasHandle_t blas;
     int *flag_dev;  /* device-side verdict of an ids check (invariant 1) */
