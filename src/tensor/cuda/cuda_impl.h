@@ -96,7 +96,7 @@ typedef struct cu_ctx {
     int device;
     int n_sm;
     int g1_blocks[CN_DTYPE_COUNT]; /* k_gemv1's resident blocks per SM by weight dtype; 0 until asked */
-    int fp4_blocks;                /* k_gemv_fp4's, 0 until asked */
+    int fp4_blocks;                /* k_gemv_fp4's (cuda_gemv_fp4.cu), 0 until asked */
     cudaStream_t stream;
     cublasHandle_t blas;
     int *flag_dev;  /* device-side verdict of an ids check (invariant 1) */
@@ -337,6 +337,35 @@ typedef struct cu_tile {
 __global__ void __launch_bounds__(1024)
     k_gather_prep(const char *__restrict__ ids, int64_t ids_stride, int T, int k, int n_w, int tm,
                   int *flag, int *cnt /* [2 * n_w] */, int *order, cu_tile *tiles, int *n_tiles);
+
+/* What the decode GEMVs (cuda_gemm.cu's k_gemv1, cuda_gemv_fp4.cu's k_gemv_fp4) fuse (backend.h's
+ * cn_mm_ep): x normalised on its way in (norm: norm * x is staged while every block sums the
+ * squares of its row in double, as k_rmsnorm does, and the row's scale multiplies each output;
+ * the gated norm's scale changes every group, so its staging applies it), and an epilogue
+ * (CN_EP_*; 0: none). Combining (ep CN_EP_ACC with an expert table) writes each row's products
+ * to `prt` ([rows, N], fp32) instead; the block that completes an output group last (`cnt`, one
+ * counter per token and group, zero between launches: that block sets it back) sums the k rows
+ * of its token in order j = 0..k-1, as moe_combine does, and adds the sum into y's row t, so the
+ * result does not depend on which block came last. */
+typedef struct g1_epi {
+    const float *norm; /* [K] or NULL */
+    const float *gate; /* [K] (one row) or NULL: the gated grouped norm, groups of `group` */
+    int group;         /* a multiple of the block's 256 threads (cu_matmul_ep checks) */
+    float eps;
+    int ep;
+    const char *cw; /* routing weights [T, k] F32 (combining) */
+    int64_t cws;    /* their row stride, bytes */
+    float *prt;     /* [rows, N] */
+    int *cnt;       /* [T, n_groups] */
+} g1_epi;
+
+/* The NVFP4 decode GEMV on tensor cores (cuda_gemv_fp4.cu): whether it takes these weights (every
+ * expert of a list), and the launch, with k_gemv1's arguments: y[r] = epilogue(W_r x_r) for the
+ * dense weight (table NULL, one row) or the `rows` gathered rows of a decode token. */
+bool cu_fp4_fits(const cn_tensor *const *w, int n_w, int64_t K);
+void cu_gemv_fp4(cu_ctx *c, const cu_wexp &dense, const cu_wexp *table, int n_w,
+                 const cn_tensor *ids, int k, const cn_tensor *x, int x_per_token, cn_tensor *y,
+                 int64_t K, int64_t N, int rows, const g1_epi &epi);
 
 /* Tensor-core GEMMs for prefill (cuda_grouped_gemm.cu). cu_gg_fits: whether the weights (all of
  * dtype dt) can take them; then cu_gg_dense is matmul, cu_gg_gather matmul_gather with the
