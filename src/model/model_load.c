@@ -409,6 +409,7 @@ static void free_layer(cn_layer_w *l) {
 }
 
 void cn_model_unbind_weights(cn_model *m) {
+    cn_model_mtp_draft_free(m);
     for (int i = 0; i < m->n_descs; i++) free(m->descs[i]);
     free(m->descs);
     m->descs = NULL;
