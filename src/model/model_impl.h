@@ -70,9 +70,10 @@ typedef struct cn_weights {
     cn_mtp_w mtp;
     /* the head's drafting copy (mtp_draft.c), used by states made with cn_state_create(.., 2) */
     int has_mtp_draft;
-    cn_mtp_w mtp_draft;        /* layers owned; matrices FP8 or shared with mtp */
-    cn_tensor lm_head_draft;   /* FP8 copy of lm_head, or lm_head itself */
-    cn_tensor **draft_owned;   /* [n_draft_owned] the FP8 matrices, released at close */
+    cn_mtp_w mtp_draft;        /* layers owned; matrices NVFP4/FP8 or shared with mtp */
+    cn_tensor lm_head_draft;   /* NVFP4/FP8 copy of lm_head, or lm_head itself */
+    cn_tensor **draft_owned;   /* [n_draft_owned] their codes and block scales (U8), released
+                                * at close */
     int n_draft_owned;
 } cn_weights;
 
