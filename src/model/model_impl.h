@@ -137,6 +137,8 @@ static inline cn_ssm_args cn_mamba_args(const cn_model *m, const cn_mamba_w *w) 
 /* model_load.c: binds weights (called by cn_model_open). */
 int cn_model_bind_weights(cn_model *m, cn_err *err);
 void cn_model_unbind_weights(cn_model *m);
+/* The arrays a layer's weights own (a MoE's expert tables); the tensors are not touched. */
+void cn_model_free_layer(cn_layer_w *l);
 /* mtp_draft.c: releases the drafting copy (safe when there is none). */
 void cn_model_mtp_draft_free(cn_model *m);
 /* identity.c: the identity of the checkpoint in dir whose tensors st maps. */

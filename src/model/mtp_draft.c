@@ -196,13 +196,6 @@ static int copy_layer(cn_model *m, cn_pool *pool, cn_dtype fmt, const cn_layer_w
     }
 }
 
-static void free_layer_arrays(cn_layer_w *l) {
-    free(l->moe.up);
-    free(l->moe.down);
-    free(l->moe.up_p);
-    free(l->moe.down_p);
-}
-
 void cn_model_mtp_draft_free(cn_model *m) {
     cn_weights *w = &m->w;
     for (int i = 0; i < w->n_draft_owned; i++) {
@@ -211,7 +204,7 @@ void cn_model_mtp_draft_free(cn_model *m) {
     }
     free(w->draft_owned);
     if (w->mtp_draft.layers)
-        for (int l = 0; l < m->cfg.n_mtp_layers; l++) free_layer_arrays(&w->mtp_draft.layers[l]);
+        for (int l = 0; l < m->cfg.n_mtp_layers; l++) cn_model_free_layer(&w->mtp_draft.layers[l]);
     free(w->mtp_draft.layers);
     memset(&w->mtp_draft, 0, sizeof w->mtp_draft);
     memset(&w->lm_head_draft, 0, sizeof w->lm_head_draft);
