@@ -97,8 +97,9 @@ typedef struct cn_request {
     int no_speculate;      /* 1: decode plainly (what logprobs will need); the draft cache is kept */
     const cn_logit_mask *mask; /* (optional) applied before every sample; a masked request decodes
                                 * plainly (exactly: drafts would be verified unmasked) */
-    float *draft_logits;   /* OUT (optional): [vocab] the MTP head's logits at the prompt's last
-                            * pair (slot n-2), for prompts of 2+ tokens on a model with a drafter */
+    float *draft_logits;   /* OUT (optional): [vocab] the drafter's logits at the prompt's last
+                            * pair (slot n-2), for prompts of 2+ tokens on a model with a drafter
+                            * (the MTP head's NVFP4 copy where one was built: model.h) */
 } cn_request;
 
 typedef enum cn_stop { CN_STOP_LENGTH = 0, CN_STOP_EOS, CN_STOP_CALLER, CN_STOP_CANCELED } cn_stop;

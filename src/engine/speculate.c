@@ -35,7 +35,12 @@ int cn_spec_open(cn_spec **out, cn_model *m, int max_ctx, int max_depth, int fix
     sp->H = c->hidden_size;
     sp->V = c->vocab_size;
     size_t H = (size_t)sp->H, V = (size_t)sp->V, D = CN_SPEC_MAX_DEPTH;
-    int rc = cn_state_create(&sp->draft, m, max_ctx, 1);
+    /* Drafts run on the head's NVFP4 copy where the backend allows one: a draft streams a quarter
+     * of the bytes and the round's output is the target's all the same (model.h). Without the copy (no
+     * memory for it, a device backend) the stored head drafts. */
+    int rc = cn_model_mtp_draft_build(m);
+    if (rc && rc != CN_EUNSUPPORTED && rc != CN_ENOMEM) goto fail;
+    rc = cn_state_create(&sp->draft, m, max_ctx, 2);
     if (rc) goto fail;
     sp->last_logits = malloc(V * sizeof(float));
     sp->last_hidden = malloc(H * sizeof(float));

@@ -514,8 +514,8 @@ static int fetch_pick(cn_model *m, int queued, const cn_tensor *dev, const cn_te
 
 /* Final norm and lm_head over rows [r0, r0+n) of x; logits and hidden to host (either optional),
  * and the greedy pick of the last row (optional). */
-static int head(cn_model *m, const cn_tensor *norm, int r0, int n, float *logits, float *hidden,
-                int32_t *pick) {
+static int head(cn_model *m, const cn_tensor *norm, const cn_tensor *lm_head, int r0, int n,
+                float *logits, float *hidden, int32_t *pick) {
     cn_backend *b = m->b;
     cn_scratch *s = &m->s;
     int64_t V = m->cfg.vocab_size;
@@ -525,12 +525,12 @@ static int head(cn_model *m, const cn_tensor *norm, int r0, int n, float *logits
     for (int i = 0; logits && i < n; i += s->logit_rows) {
         int r = n - i < s->logit_rows ? n - i : s->logit_rows;
         cn_tensor lg = rows(&s->logits, r), xr = cn_tensor_rows(&xn, i, r);
-        CHECK(cn_op_matmul(b, &lg, &m->w.lm_head, &xr));
+        CHECK(cn_op_matmul(b, &lg, lm_head, &xr));
         CHECK(cn_backend_download(b, logits + (size_t)i * V, &lg));
     }
     if (pick) {
         cn_tensor lg = rows(&s->logits, 1), xr = cn_tensor_rows(&xn, n - 1, 1);
-        if (!logits) CHECK(cn_op_matmul(b, &lg, &m->w.lm_head, &xr));
+        if (!logits) CHECK(cn_op_matmul(b, &lg, lm_head, &xr));
         else lg = cn_tensor_rows(&s->logits, (n - 1) % s->logit_rows, 1); /* the last row's */
         const int queued = cn_backend_has_argmax(b);
         if (queued) CHECK(cn_op_argmax(b, &s->pick, &lg));
@@ -719,15 +719,15 @@ int cn_model_forward(cn_model *m, cn_state *st, cn_batch *bt) {
             rc = run_layers(m, m->w.layers, st, offset, T, seg, n_seg, bt->captures, rp, need_from);
         if ((rc = step_finish(b, rc))) goto fail;
         if (bt->all_logits) {
-            rc = head(m, &m->w.norm_f, 0, T, bt->logits ? bt->logits + (size_t)done * V : NULL,
+            rc = head(m, &m->w.norm_f, &m->w.lm_head, 0, T, bt->logits ? bt->logits + (size_t)done * V : NULL,
                       bt->hidden ? bt->hidden + (size_t)done * H : NULL, pk);
         } else if (bt->all_hidden && bt->hidden) {
             /* every row's hidden; the lm_head only for the batch's last row */
-            rc = head(m, &m->w.norm_f, 0, T, NULL, bt->hidden + (size_t)done * H, NULL);
+            rc = head(m, &m->w.norm_f, &m->w.lm_head, 0, T, NULL, bt->hidden + (size_t)done * H, NULL);
             if (!rc && last && (bt->logits || pk))
-                rc = head(m, &m->w.norm_f, T - 1, 1, bt->logits, NULL, pk);
+                rc = head(m, &m->w.norm_f, &m->w.lm_head, T - 1, 1, bt->logits, NULL, pk);
         } else if (last) {
-            rc = head(m, &m->w.norm_f, T - 1, 1, bt->logits, bt->hidden, pk);
+            rc = head(m, &m->w.norm_f, &m->w.lm_head, T - 1, 1, bt->logits, bt->hidden, pk);
         }
         if (rc) goto fail;
         offset += T;
@@ -767,7 +767,10 @@ static int mtp_forward(cn_model *m, cn_state *st, const float *hidden, const int
     for (int i = 0; i < n; i++)
         if (next[i] < 0 || next[i] >= m->cfg.vocab_size) return CN_EINVAL;
     cn_backend *b = m->b;
-    const cn_mtp_w *w = &m->w.mtp;
+    /* a drafting state runs on the head's FP8 copy once it is built (mtp_draft.c) */
+    const int draft = st->mtp == 2 && m->w.has_mtp_draft;
+    const cn_mtp_w *w = draft ? &m->w.mtp_draft : &m->w.mtp;
+    const cn_tensor *lm_head = draft ? &m->w.lm_head_draft : &m->w.lm_head;
     const int64_t V = m->cfg.vocab_size, H = m->cfg.hidden_size;
     const float eps = m->cfg.norm_eps;
     segment seg[1];
@@ -805,7 +808,7 @@ static int mtp_forward(cn_model *m, cn_state *st, const float *hidden, const int
         if (step) {
             cn_tensor xn = rows(&m->s.xn, 1), lg = rows(&m->s.logits, 1);
             if (!rc && !replayed) rc = cn_op_rmsnorm(b, &xn, &x, &w->final_norm, eps);
-            if (!rc && !replayed && lp) rc = cn_op_matmul(b, &lg, &m->w.lm_head, &xn);
+            if (!rc && !replayed && lp) rc = cn_op_matmul(b, &lg, lm_head, &xn);
             CHECK(step_finish(b, rc));
             if (hp) CHECK(cn_backend_download(b, hp, &x));
             if (lp) CHECK(cn_backend_download(b, lp, &lg));
@@ -813,11 +816,11 @@ static int mtp_forward(cn_model *m, cn_state *st, const float *hidden, const int
             CHECK(rc);
             cn_tensor xl = cn_tensor_rows(&x, T - 1, 1);
             if (hp) CHECK(cn_backend_download(b, hp, &xl));
-            if (lp) CHECK(head(m, &w->final_norm, T - 1, 1, lp, NULL, NULL)); /* the lm_head for one row */
+            if (lp) CHECK(head(m, &w->final_norm, lm_head, T - 1, 1, lp, NULL, NULL)); /* the lm_head for one row */
         } else {
             CHECK(rc);
             if (hp) CHECK(cn_backend_download(b, hp, &x));
-            CHECK(head(m, &w->final_norm, 0, T, lp, NULL, NULL));
+            CHECK(head(m, &w->final_norm, lm_head, 0, T, lp, NULL, NULL));
         }
         st->offset += T;
         done += T;

@@ -199,7 +199,16 @@ int cn_model_decode_greedy(cn_model *m, cn_state *s, int32_t token, int32_t *nex
 /* k tokens; logits [k][vocab] of every one (speculative verification). */
 int cn_model_verify(cn_model *m, cn_state *s, const int32_t *tokens, int k, float *logits);
 
-/* MTP head over n positions of its own state s (made with cn_state_create(..., 1)): position i
+/* Builds the MTP head's drafting copy once: its matrices and the lm_head as NVFP4 (FP8 where K
+ * is not a multiple of 16), about a quarter of the bytes of a BF16 head to stream per draft.
+ * States made with cn_state_create(..., 2) use it from then on; the stored head and the main
+ * stack are never changed, and drafts only propose, so outputs stay exact and acceptance alone
+ * may move. 0 (also when built already); CN_EINVAL without a head; CN_EUNSUPPORTED on a backend
+ * with device memory (kept as stored there); CN_ENOMEM with nothing kept. Callers serialize
+ * (like a forward). */
+int cn_model_mtp_draft_build(cn_model *m);
+
+/* MTP head over n positions of its own state s (made with cn_state_create(..., 1 or 2)): position i
  * combines hidden[i] (the target's post-norm_f hidden state) with the embedding of next[i];
  * logits OUT (optional) [n][vocab] are the draft logits; hidden_out OUT (optional) [n][H] the head's
  * own output before its final norm, for drafting further ahead. */

@@ -68,6 +68,13 @@ typedef struct cn_weights {
     cn_layer_w *layers; /* [n_layers] */
     int has_mtp;
     cn_mtp_w mtp;
+    /* the head's drafting copy (mtp_draft.c), used by states made with cn_state_create(.., 2) */
+    int has_mtp_draft;
+    cn_mtp_w mtp_draft;        /* layers owned; matrices NVFP4/FP8 or shared with mtp */
+    cn_tensor lm_head_draft;   /* NVFP4/FP8 copy of lm_head, or lm_head itself */
+    cn_tensor **draft_owned;   /* [n_draft_owned] their codes and block scales (U8), released
+                                * at close */
+    int n_draft_owned;
 } cn_weights;
 
 /* Activations of one forward of up to `ubatch` tokens; all F32 unless noted. */
@@ -130,6 +137,10 @@ static inline cn_ssm_args cn_mamba_args(const cn_model *m, const cn_mamba_w *w) 
 /* model_load.c: binds weights (called by cn_model_open). */
 int cn_model_bind_weights(cn_model *m, cn_err *err);
 void cn_model_unbind_weights(cn_model *m);
+/* The arrays a layer's weights own (a MoE's expert tables); the tensors are not touched. */
+void cn_model_free_layer(cn_layer_w *l);
+/* mtp_draft.c: releases the drafting copy (safe when there is none). */
+void cn_model_mtp_draft_free(cn_model *m);
 /* identity.c: the identity of the checkpoint in dir whose tensors st maps. */
 int cn_model_identity_of(const char *dir, const cn_safetensors *st, uint64_t *out, cn_err *err);
 

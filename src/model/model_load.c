@@ -400,7 +400,7 @@ int cn_model_bind_weights(cn_model *m, cn_err *err) {
     return CN_OK;
 }
 
-static void free_layer(cn_layer_w *l) {
+void cn_model_free_layer(cn_layer_w *l) {
     if (l->type != CN_BLOCK_MOE) return;
     free(l->moe.up);
     free(l->moe.down);
@@ -409,6 +409,7 @@ static void free_layer(cn_layer_w *l) {
 }
 
 void cn_model_unbind_weights(cn_model *m) {
+    cn_model_mtp_draft_free(m);
     for (int i = 0; i < m->n_descs; i++) free(m->descs[i]);
     free(m->descs);
     m->descs = NULL;
@@ -418,11 +419,11 @@ void cn_model_unbind_weights(cn_model *m) {
     m->owned = NULL;
     m->n_owned = m->cap_owned = 0;
     if (m->w.layers)
-        for (int l = 0; l < m->cfg.n_layers; l++) free_layer(&m->w.layers[l]);
+        for (int l = 0; l < m->cfg.n_layers; l++) cn_model_free_layer(&m->w.layers[l]);
     free(m->w.layers);
     m->w.layers = NULL;
     if (m->w.mtp.layers)
-        for (int l = 0; l < m->cfg.n_mtp_layers; l++) free_layer(&m->w.mtp.layers[l]);
+        for (int l = 0; l < m->cfg.n_mtp_layers; l++) cn_model_free_layer(&m->w.mtp.layers[l]);
     free(m->w.mtp.layers);
     m->w.mtp.layers = NULL;
 }

@@ -23,7 +23,7 @@ static int alloc2d(cn_backend *b, cn_tensor *t, int64_t rows, int64_t cols) {
 
 int cn_state_create(cn_state **out, cn_model *m, int max_ctx, int mtp) {
     const cn_config *c = &m->cfg;
-    if (max_ctx <= 0) return CN_EINVAL;
+    if (max_ctx <= 0 || mtp < 0 || mtp > 2) return CN_EINVAL;
     if (mtp && !m->w.has_mtp) return CN_EINVAL;
     cn_state *s = calloc(1, sizeof *s);
     if (!s) return CN_ENOMEM;

@@ -32,14 +32,16 @@ typedef struct cn_layer_state {
 
 struct cn_state {
     cn_model *model;         /* not owned */
-    int mtp;                 /* 1: state of the MTP head's layers */
+    int mtp;                 /* 1: state of the MTP head's layers; 2: the same, run on the
+                              * head's drafting copy where the model built one (model.h) */
     int n_layers;
     cn_layer_state *layers;  /* [n_layers] */
     int max_ctx;             /* KV rows per attention layer */
     int offset;              /* tokens absorbed, shared by every layer */
 };
 
-/* Allocates a zeroed state (offset 0) for the main layers (mtp = 0) or the MTP head (mtp = 1). */
+/* Allocates a zeroed state (offset 0) for the main layers (mtp = 0) or the MTP head (mtp = 1, or
+ * 2: drafts from cn_model_mtp_draft_build's copy once it exists, the stored head before). */
 int cn_state_create(cn_state **out, cn_model *m, int max_ctx, int mtp);
 void cn_state_free(cn_state *s);
 /* Back to offset 0 with zero recurrent state. */

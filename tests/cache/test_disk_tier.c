@@ -383,7 +383,7 @@ static void expect_cold_draft_rows(env *v, const int32_t *all) {
     int L = v->e->live->offset, H = cn_model_config(v->m)->hidden_size;
     cn_state *ct, *cd;
     assert_int_equal(cn_state_create(&ct, v->m, 512, 0), 0);
-    assert_int_equal(cn_state_create(&cd, v->m, 512, 1), 0);
+    assert_int_equal(cn_state_create(&cd, v->m, 512, d->mtp), 0); /* the head as the drafter runs it */
     float *hid = malloc((size_t)L * H * sizeof *hid);
     cn_batch bt = {.tokens = all, .n = L, .all_hidden = 1, .hidden = hid};
     assert_int_equal(cn_model_forward(v->m, ct, &bt), 0);

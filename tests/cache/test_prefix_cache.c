@@ -68,7 +68,7 @@ static void env_open_dir(env *v, const char *dir, int spacing, int chunk, uint64
     if (cn_model_has_mtp(v->m)) {
         assert_non_null(v->e->spec);
         assert_int_equal(v->e->pc.lookahead, 1);
-        assert_int_equal(cn_state_create(&v->cold_draft, v->m, 512, 1), 0);
+        assert_int_equal(cn_state_create(&v->cold_draft, v->m, 512, v->e->spec->draft->mtp), 0);
     }
     v->cancel_after = -1;
 }
