@@ -131,7 +131,15 @@ static void mm_task(void *arg, int begin, int end) {
                 xr[t - t0] = cpu_row(j->x, t);
                 yr[t - t0] = cpu_row(j->y, t);
             }
-            j->kern->mm_rows(&j->w, xr, yr, (int)(t1 - t0), n0, n1);
+            /* the last task on this block fetches the next block while it computes */
+            const char *pf = NULL;
+            int64_t pf_bytes = 0;
+            if (i + 1 < end && (i + 1) / j->n_tb != nb) {
+                int64_t m1 = n1 + j->nb < j->N ? n1 + j->nb : j->N;
+                pf = j->w.data + n1 * j->w.stride;
+                pf_bytes = (m1 - n1) * j->w.stride;
+            }
+            j->kern->mm_rows(&j->w, xr, yr, (int)(t1 - t0), n0, n1, pf, pf_bytes);
             continue;
         }
         for (int64_t t = t0; t < t1; t += CPU_MM_ROWS) {
@@ -209,7 +217,18 @@ static void gather_task(void *arg, int begin, int end) {
                 xr[p - s->begin] = cpu_row(j->x, j->x_per_token ? row / j->k : row);
                 yr[p - s->begin] = cpu_row(j->y, row);
             }
-            j->c->kern.mm_rows(&w, xr, yr, s->end - s->begin, n0, n1);
+            /* each task has its own weight block: fetch the next task's while this one
+             * computes, instead of stalling on memory in its first tile */
+            const char *pf = NULL;
+            int64_t pf_bytes = 0;
+            if (i + 1 < end) {
+                const cn_tensor *wn = j->w[j->segs[(i + 1) / j->n_nb].expert];
+                int64_t m0 = (int64_t)((i + 1) % j->n_nb) * j->nb;
+                int64_t m1 = m0 + j->nb < j->N ? m0 + j->nb : j->N;
+                pf = (const char *)wn->data + m0 * wn->stride[0];
+                pf_bytes = (m1 - m0) * wn->stride[0];
+            }
+            j->c->kern.mm_rows(&w, xr, yr, s->end - s->begin, n0, n1, pf, pf_bytes);
             continue;
         }
         for (int p = s->begin; p < s->end; p += CPU_MM_ROWS) {
