@@ -60,6 +60,14 @@
  *                          CPU seconds of the decode bursts over those of the decode_8k bursts
  *                          (the same tokens): the work per token, which time slices lost to
  *                          other jobs do not move (stalls on memory are in it).
+ *   decode_8k_over_start_token_median = the start's median token seconds over decode_8k's,
+ *                          every token of each side: a job that takes the cores for a few
+ *                          tokens moves a burst's sum but not the median token. Under load (cpu
+ *                          share 0.3-0.9, BF16, 2k of context) pairs of 8-token bursts ranged
+ *                          0.50-1.85, and a burst's first token (right after a probe) ran about
+ *                          twice as slow as the rest; two runs whose bursts gave 1.05 and 1.07
+ *                          had median tokens 0.995 and 1.003 apart (a third: 0.781 and 0.849).
+ *                          A diagnostic beside the burst figures, which keep their formulas.
  *   prefill_gops         = 2 * P * prefill_tok_s / 1e9, P the matrix parameters a prefill token
  *                          passes through (active params less the embedding and lm_head, which
  *                          prefill runs for the last position only). Attention's score/value
@@ -318,13 +326,18 @@ static int prefill(bench *B, int n) {
 }
 
 /* n greedy decodes on s from token *tok, each fed the previous pick; *tok ends as the last pick. */
-static int decode_on(bench *B, cn_state *s, int32_t *tok, int n) {
+/* n greedy decodes on s; each token's seconds into tsec[i] when tsec is not NULL. */
+static int decode_times(bench *B, cn_state *s, int32_t *tok, int n, double *tsec) {
     for (int i = 0; i < n; i++) {
+        double t0 = tsec ? now_s() : 0;
         int rc = cn_model_decode_greedy(B->m, s, *tok, tok);
         if (rc) return rc;
+        if (tsec) tsec[i] = now_s() - t0;
     }
     return 0;
 }
+
+static int decode_on(bench *B, cn_state *s, int32_t *tok, int n) { return decode_times(B, s, tok, n, NULL); }
 
 static int decode(bench *B, int n) {
     int32_t t = B->toks[0];
@@ -369,6 +382,7 @@ typedef struct decode_pair {
     int agree;                /* pairs (start burst k, context burst k) whose 3 probes agree */
     double over_start;        /* context tok/s over start tok/s, median of the agreeing pairs (0 if none) */
     double over_start_cpu;    /* start CPU seconds over context CPU seconds, every burst */
+    double over_start_token;  /* the start's median token seconds over the context's */
     double roof_n[2], roof_bw[2]; /* per side, reliable bursts (all if none): tokens, sum of
                                    * seconds x GB/s */
     int roof_reliable[2];     /* bursts the roofline figures came from were reliable */
@@ -392,10 +406,18 @@ static double median_agreeing(const decode_pair *d) {
     return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+/* The median of v[0..n) (sorted in place); 0 if n is 0. */
+static double median(double *v, int n) {
+    if (n <= 0) return 0;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 /* One burst of n decodes on s between the probe already taken (*bw, updated to the one after). */
-static int burst(bench *B, cn_state *s, int32_t *tok, int n, double *bw, run *r, double *sec, double *cpu) {
+static int burst(bench *B, cn_state *s, int32_t *tok, int n, double *bw, run *r, double *sec, double *cpu,
+                 double *tsec) {
     double t0 = now_s(), c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
-    int rc = decode_on(B, s, tok, n);
+    int rc = decode_times(B, s, tok, n, tsec);
     *sec = now_s() - t0;
     *cpu = clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0;
     double after = probe_bw(B);
@@ -428,9 +450,11 @@ static int measure_decode_pair(bench *B, cn_state *s0, int ctx, int gen, int bt,
     d->pair_ratio = calloc((size_t)d->bursts, sizeof *d->pair_ratio);
     d->pair_ok = calloc((size_t)d->bursts, 1);
     double *sec = calloc((size_t)d->bursts * 2, sizeof *sec), *bws = calloc((size_t)d->bursts * 2 + 1, sizeof *bws);
-    if (!d->pair_ratio || !d->pair_ok || !sec || !bws) {
+    double *tsec = calloc((size_t)gen * 2, sizeof *tsec); /* each side's token seconds */
+    if (!d->pair_ratio || !d->pair_ok || !sec || !bws || !tsec) {
         free(sec);
         free(bws);
+        free(tsec);
         return CN_ENOMEM;
     }
     run *side[2] = {&d->start, &d->ctx};
@@ -445,7 +469,7 @@ static int measure_decode_pair(bench *B, cn_state *s0, int ctx, int gen, int bt,
         double share[2] = {0, 0};
         for (int i = 0; !rc && i < 2; i++) {
             double c;
-            rc = burst(B, st[i], &tok[i], n, &bw, side[i], &sec[2 * k + i], &c);
+            rc = burst(B, st[i], &tok[i], n, &bw, side[i], &sec[2 * k + i], &c, tsec + i * gen + k * bt);
             cpu[i] += c;
             share[i] = sec[2 * k + i] > 0 ? c / (sec[2 * k + i] * B->n_threads) : 0;
             side[i]->tokens += n;
@@ -463,6 +487,8 @@ static int measure_decode_pair(bench *B, cn_state *s0, int ctx, int gen, int bt,
         /* the median pair: one burst that another job's spike slowed moves it little */
         d->over_start = median_agreeing(d);
         d->over_start_cpu = cpu[1] > 0 ? cpu[0] / cpu[1] : 0;
+        double m0 = median(tsec, gen), m1 = median(tsec + gen, gen);
+        d->over_start_token = m1 > 0 ? m0 / m1 : 0;
         double ts = 0, tc = 0; /* the same tokens each side */
         for (int k = 0; k < d->bursts; k++) ts += sec[2 * k], tc += sec[2 * k + 1];
         for (int i = 0; i < 2; i++) {
@@ -485,11 +511,12 @@ static int measure_decode_pair(bench *B, cn_state *s0, int ctx, int gen, int bt,
                     r->name, r->tokens, r->seconds, r->tok_s, r->cpu_share, d->bursts, good, r->bw);
         }
         fprintf(stderr, "cairn: decode_8k over decode %.3f over every burst; %.3f over the %d of %d pairs that saw "
-                        "one machine; CPU seconds %.3f\n", ts > 0 && tc > 0 ? ts / tc : 0, d->over_start, d->agree,
-                d->bursts, d->over_start_cpu);
+                        "one machine; CPU seconds %.3f; median token %.3f\n", ts > 0 && tc > 0 ? ts / tc : 0,
+                d->over_start, d->agree, d->bursts, d->over_start_cpu, d->over_start_token);
     }
     free(sec);
     free(bws);
+    free(tsec);
     return rc;
 }
 
@@ -909,6 +936,7 @@ int cn_bench_model(int argc, char **argv) {
     cJSON_AddNumberToObject(out, "decode_8k_over_start", rdec.tok_s > 0 ? rdec8k.tok_s / rdec.tok_s : 0);
     cJSON_AddNumberToObject(out, "decode_8k_over_start_agreeing", dp.over_start);
     cJSON_AddNumberToObject(out, "decode_8k_over_start_cpu", dp.over_start_cpu);
+    cJSON_AddNumberToObject(out, "decode_8k_over_start_token_median", dp.over_start_token);
     cJSON_AddNumberToObject(out, "decode_bursts", dp.bursts);
     cJSON_AddNumberToObject(out, "decode_burst_tokens", dp.burst_tokens);
     cJSON_AddNumberToObject(out, "decode_pairs_agreeing", dp.agree);
@@ -1042,9 +1070,10 @@ int cn_bench_model(int argc, char **argv) {
         printf("decode       %.0f bytes/token (weights %.0f + state %.0f + KV %.0f/ctx token): roofline ratio %.3f\n",
                bpt, (double)tr.weights, (double)tr.state_fixed, kv, roof);
         printf("decode 8k    %.0f bytes/token: roofline ratio %.3f, %.3f of decode at the start (%d alternating "
-               "pairs of %d-token bursts; %.3f over the %d that saw one machine; CPU seconds %.3f)\n",
+               "pairs of %d-token bursts; %.3f over the %d that saw one machine; CPU seconds %.3f; median "
+               "token %.3f)\n",
                bpt8k, roof8k, rdec.tok_s > 0 ? rdec8k.tok_s / rdec.tok_s : 0, dp.bursts, dp.burst_tokens,
-               dp.over_start, dp.agree, dp.over_start_cpu);
+               dp.over_start, dp.agree, dp.over_start_cpu, dp.over_start_token);
         printf("prefill      2 x %.0f params x tok/s = %.1f Gop/s (512: %.1f): %.3f of peak\n", P, gops2k, gops512,
                peak > 0 ? gops2k / peak : 0);
         printf("memory       peak %.2f GiB (VmHWM less the %d MiB probe buffer)\n", peak_mem / 1073741824.0,

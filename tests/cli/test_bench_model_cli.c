@@ -78,6 +78,7 @@ static void check_keys(const cJSON *j) {
     for (const cJSON *v = pr->child; v; v = v->next) marked += v->valuedouble > 0;
     assert_int_equal(marked, agree); /* pairs that saw two machines are negated */
     assert_true(cJSON_GetObjectItemCaseSensitive(j, "decode_8k_over_start")->valuedouble > 0);
+    assert_true(cJSON_GetObjectItemCaseSensitive(j, "decode_8k_over_start_token_median")->valuedouble > 0);
     double med = cJSON_GetObjectItemCaseSensitive(j, "decode_8k_over_start_agreeing")->valuedouble;
     assert_true(agree ? med > 0 : med == 0);
     assert_true(cJSON_GetObjectItemCaseSensitive(j, "decode_8k_over_start_cpu")->valuedouble > 0);

@@ -483,10 +483,21 @@ A5_IN void a5_tile_dt(int dt, const cpu_wmat *w, const float *const *xr, float *
 #define A5_KC 1024
 #define A5_PR 6 /* x rows of the panel's tile */
 
+/* The next task's weight block, fetched into L2 a line per step of a5_chunk (cpu_impl.h: mm_rows'
+ * pf). A task's first 6-row tile reads its 64 weight rows from memory, the later ones from L2:
+ * alone the first ran at about a third of the FMA peak (one core pulls ~11 GB/s through 4 short
+ * row streams), so an expert of 12 rows (2 tiles) ran at 95 GFLOP/s per CPU second, 133-135 with
+ * the next block fetched during the current one (one thread, 24 matrices of 1856 x 2688
+ * alternating in one sitting; 24 rows: 124-137 -> 138-152). */
+typedef struct a5_pf {
+    const char *p, *end;
+} a5_pf;
+
 /* acc[r * CPU_MM_PNB + j] += the chunk [k0, k1) of weight row n + j against x row r, r < R,
  * j < NR (the first chunk, k0 == 0, starts from zero instead). */
 A5_IN void a5_chunk(int dt, int R, int NR, const cpu_wmat *w, const float *const *xr, __m512 *acc,
-                    int64_t n, int64_t k0, int64_t k1) {
+                    int64_t n, int64_t k0, int64_t k1, a5_pf *pf) {
+    const char *pp = pf->p, *pe = pf->end;
     const char *wr[4];
     __m512 a[A5_PR][4];
 #pragma GCC unroll 4
@@ -497,6 +508,10 @@ A5_IN void a5_chunk(int dt, int R, int NR, const cpu_wmat *w, const float *const
         for (int j = 0; j < NR; j++) a[r][j] = k0 ? acc[r * CPU_MM_PNB + j] : _mm512_setzero_ps();
     for (int64_t k = k0; k < k1; k += 16) {
         __m512 wv[4];
+        if (pp < pe) {
+            _mm_prefetch(pp, _MM_HINT_T1);
+            pp += 64;
+        }
 #pragma GCC unroll 4
         for (int j = 0; j < NR; j++) wv[j] = a5_load(dt, wr[j], k);
 #pragma GCC unroll 6
@@ -510,13 +525,14 @@ A5_IN void a5_chunk(int dt, int R, int NR, const cpu_wmat *w, const float *const
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 4
         for (int j = 0; j < NR; j++) acc[r * CPU_MM_PNB + j] = a[r][j];
+    pf->p = pp;
 }
 
 /* R (1..A5_PR) x rows against weight rows [n0, n1) (at most CPU_MM_PNB), chunk by chunk, then the
  * sums finished as a5_block's: transposed eight at a time when K has no tail, else one by one with
  * the tail added in k order; then * scale. acc: scratch of A5_PR * CPU_MM_PNB vectors. */
 A5_IN void a5_panel(int dt, int R, const cpu_wmat *w, const float *const *xr, float *const *yr,
-                    int64_t n0, int64_t n1, __m512 *acc) {
+                    int64_t n0, int64_t n1, __m512 *acc, a5_pf *pf) {
     const int64_t K = w->K, K16 = K & ~(int64_t)15, nn = n1 - n0;
     if (K16 == 0)
         for (int r = 0; r < R; r++)
@@ -524,8 +540,8 @@ A5_IN void a5_panel(int dt, int R, const cpu_wmat *w, const float *const *xr, fl
     for (int64_t k0 = 0; k0 < K16; k0 += A5_KC) {
         const int64_t k1 = k0 + A5_KC < K16 ? k0 + A5_KC : K16;
         int64_t j = 0;
-        for (; j + 4 <= nn; j += 4) a5_chunk(dt, R, 4, w, xr, acc + j, n0 + j, k0, k1);
-        for (; j < nn; j++) a5_chunk(dt, R, 1, w, xr, acc + j, n0 + j, k0, k1);
+        for (; j + 4 <= nn; j += 4) a5_chunk(dt, R, 4, w, xr, acc + j, n0 + j, k0, k1, pf);
+        for (; j < nn; j++) a5_chunk(dt, R, 1, w, xr, acc + j, n0 + j, k0, k1, pf);
     }
     const __m256 sc = _mm256_set1_ps(w->scale);
     for (int r = 0; r < R; r++) {
@@ -547,16 +563,17 @@ A5_IN void a5_panel(int dt, int R, const cpu_wmat *w, const float *const *xr, fl
 }
 
 A5_FN static void a5_rows_bf16(const cpu_wmat *w, const float *const *xr, float *const *yr, int T,
-                               int64_t n0, int64_t n1) {
+                               int64_t n0, int64_t n1, const char *pf, int64_t pf_bytes) {
     __m512 acc[A5_PR * CPU_MM_PNB];
+    a5_pf f = {pf, pf ? pf + pf_bytes : NULL};
     for (int t = 0; t < T; t += A5_PR) {
         switch (T - t) { /* constant R, so that a5_chunk's sums stay in registers */
-        case 1: a5_panel(CN_BF16, 1, w, xr + t, yr + t, n0, n1, acc); break;
-        case 2: a5_panel(CN_BF16, 2, w, xr + t, yr + t, n0, n1, acc); break;
-        case 3: a5_panel(CN_BF16, 3, w, xr + t, yr + t, n0, n1, acc); break;
-        case 4: a5_panel(CN_BF16, 4, w, xr + t, yr + t, n0, n1, acc); break;
-        case 5: a5_panel(CN_BF16, 5, w, xr + t, yr + t, n0, n1, acc); break;
-        default: a5_panel(CN_BF16, A5_PR, w, xr + t, yr + t, n0, n1, acc); break;
+        case 1: a5_panel(CN_BF16, 1, w, xr + t, yr + t, n0, n1, acc, &f); break;
+        case 2: a5_panel(CN_BF16, 2, w, xr + t, yr + t, n0, n1, acc, &f); break;
+        case 3: a5_panel(CN_BF16, 3, w, xr + t, yr + t, n0, n1, acc, &f); break;
+        case 4: a5_panel(CN_BF16, 4, w, xr + t, yr + t, n0, n1, acc, &f); break;
+        case 5: a5_panel(CN_BF16, 5, w, xr + t, yr + t, n0, n1, acc, &f); break;
+        default: a5_panel(CN_BF16, A5_PR, w, xr + t, yr + t, n0, n1, acc, &f); break;
         }
     }
 }
