@@ -232,17 +232,8 @@ __device__ __forceinline__ void g1_write(const g1_epi &e, bool combine, char *__
     if (!combine) {
         float *yr = (float *)(y + (int64_t)r * ys);
 #pragma unroll
-        for (int i = 0; i < RW; i++) {
-            if (n0 + i >= N) break;
-            if (e.ep == CN_EP_RELU2) {
-                const float q = v[i] > 0.0f ? v[i] : 0.0f;
-                yr[n0 + i] = q * q;
-            } else if (e.ep == CN_EP_ACC) {
-                yr[n0 + i] += v[i];
-            } else {
-                yr[n0 + i] = v[i];
-            }
-        }
+        for (int i = 0; i < RW; i++)
+            if (n0 + i < N) g1_store(e, yr, n0 + i, v[i]);
         return;
     }
     float *pr = e.prt + (int64_t)r * N;
@@ -254,15 +245,10 @@ __device__ __forceinline__ void g1_write(const g1_epi &e, bool combine, char *__
     int *cp = e.cnt + (int64_t)t * n_groups + grp;
     if (atomicAdd(cp, 1) != k - 1) return;
     __threadfence();
-    const float *wr = (const float *)(e.cw + (int64_t)t * e.cws);
     float *yr = (float *)(y + (int64_t)t * ys);
 #pragma unroll
-    for (int i = 0; i < RW; i++) {
-        if (n0 + i >= N) break;
-        float a = 0.0f;
-        for (int j = 0; j < k; j++) a += wr[j] * __ldcg(e.prt + (int64_t)(t * k + j) * N + n0 + i);
-        yr[n0 + i] += a;
-    }
+    for (int i = 0; i < RW; i++)
+        if (n0 + i < N) yr[n0 + i] += g1_combined(e, t, k, N, n0 + i);
     *cp = 0; /* every row of the token has arrived: ready for the next launch */
 }
 
@@ -346,19 +332,7 @@ __global__ void __launch_bounds__(256, MM_G1_MINB)
     const int tid = threadIdx.x, r = (int)blockIdx.y;
     cu_wexp w = dense;
     int64_t xrow = 0;
-    if (table) {
-        int bad = 0;
-        if (tid < rows) { /* rows <= MM_GATHER_GEMV_ROWS < blockDim.x */
-            const int e = ((const int32_t *)(ids + (int64_t)(tid / k) * ids_s))[tid % k];
-            bad = e < 0 || e >= n_w;
-        }
-        if (__syncthreads_or(bad)) {
-            if (tid == 0 && blockIdx.x == 0 && blockIdx.y == 0) *flag = 1;
-            return;
-        }
-        w = table[((const int32_t *)(ids + (int64_t)(r / k) * ids_s))[r % k]];
-        xrow = x_per_token ? r / k : r;
-    }
+    if (!g1_expert(table, n_w, ids, ids_s, k, x_per_token, rows, flag, &w, &xrow)) return;
     /* The warp's first weight chunks are requested before x is staged: their memory latency
      * runs under the staging and its syncs instead of after them. */
     const int warp = tid >> 5, lane = tid & 31, G = 8 / S, g = warp / S, s = warp - g * S;
@@ -781,22 +755,14 @@ __global__ void __launch_bounds__(256) k_gather_gemv(const cu_wexp *__restrict__
                                                      int x_per_token, char *__restrict__ y,
                                                      int64_t ys, int64_t K, int64_t N, int rows,
                                                      int *flag) {
-    int bad = 0;
-    if (threadIdx.x < (unsigned)rows) { /* rows <= MM_GATHER_GEMV_ROWS < blockDim.x */
-        const int e = ((const int32_t *)(ids + (int64_t)(threadIdx.x / k) * ids_s))[threadIdx.x % k];
-        bad = e < 0 || e >= n_w;
-    }
-    if (__syncthreads_or(bad)) {
-        if (threadIdx.x == 0 && blockIdx.x == 0 && blockIdx.y == 0) *flag = 1;
-        return;
-    }
+    cu_wexp w;
+    int64_t xrow;
+    if (!g1_expert(table, n_w, ids, ids_s, k, x_per_token, rows, flag, &w, &xrow)) return;
     const int lane = threadIdx.x & 31, r = (int)blockIdx.y;
     const int64_t n = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (n >= N) return;
-    const int e = ((const int32_t *)(ids + (int64_t)(r / k) * ids_s))[r % k];
-    const cu_wexp w = table[e];
     float acc[1] = {0.0f};
-    mm_row_dot<DT, VEC, 1>(w, n, x + (int64_t)(x_per_token ? r / k : r) * xs, xs, 1, K, lane, acc);
+    mm_row_dot<DT, VEC, 1>(w, n, x + xrow * xs, xs, 1, K, lane, acc);
     const float s = cu_warp_sum(acc[0]);
     if (lane == 0) ((float *)(y + (int64_t)r * ys))[n] = s * w.scale;
 }

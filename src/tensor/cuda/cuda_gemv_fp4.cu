@@ -77,16 +77,7 @@ __device__ __forceinline__ void fp4_write(const g1_epi &e, bool combine, char *_
     const int64_t n = tile * 16 + lane;
     const bool mine = lane < 16 && n < N;
     if (!combine) {
-        if (!mine) return;
-        float *yr = (float *)(y + (int64_t)r * ys);
-        if (e.ep == CN_EP_RELU2) {
-            const float q = v > 0.0f ? v : 0.0f;
-            yr[n] = q * q;
-        } else if (e.ep == CN_EP_ACC) {
-            yr[n] += v;
-        } else {
-            yr[n] = v;
-        }
+        if (mine) g1_store(e, (float *)(y + (int64_t)r * ys), n, v);
         return;
     }
     if (mine) e.prt[(int64_t)r * N + n] = v;
@@ -98,12 +89,7 @@ __device__ __forceinline__ void fp4_write(const g1_epi &e, bool combine, char *_
     if (lane == 0) last = atomicAdd(cp, 1) == k - 1;
     if (!__shfl_sync(0xffffffffu, last, 0)) return;
     __threadfence();
-    if (mine) {
-        const float *wr = (const float *)(e.cw + (int64_t)t * e.cws);
-        float a = 0.0f;
-        for (int j = 0; j < k; j++) a += wr[j] * __ldcg(e.prt + (int64_t)(t * k + j) * N + n);
-        ((float *)(y + (int64_t)t * ys))[n] += a;
-    }
+    if (mine) ((float *)(y + (int64_t)t * ys))[n] += g1_combined(e, t, k, N, n);
     __syncwarp();
     if (lane == 0) *cp = 0; /* every row of the token has arrived: ready for the next launch */
 }
@@ -229,19 +215,7 @@ __global__ void __launch_bounds__(256, 2)
     const int tid = threadIdx.x, r = (int)blockIdx.y;
     cu_wexp w = dense;
     int64_t xrow = 0;
-    if (table) {
-        int bad = 0;
-        if (tid < rows) {
-            const int e = ((const int32_t *)(ids + (int64_t)(tid / k) * ids_s))[tid % k];
-            bad = e < 0 || e >= n_w;
-        }
-        if (__syncthreads_or(bad)) {
-            if (tid == 0 && blockIdx.x == 0 && blockIdx.y == 0) *flag = 1;
-            return;
-        }
-        w = table[((const int32_t *)(ids + (int64_t)(r / k) * ids_s))[r % k]];
-        xrow = x_per_token ? r / k : r;
-    }
+    if (!g1_expert(table, n_w, ids, ids_s, k, x_per_token, rows, flag, &w, &xrow)) return;
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int G = 8 / S, gi = warp / S, si = warp - gi * S;
     const int n_tiles = (N + 15) / 16, nu = K / 32, n_ss = (nu + 3) / 4;

@@ -359,6 +359,51 @@ typedef struct g1_epi {
     int *cnt;       /* [T, n_groups] */
 } g1_epi;
 
+/* A decode GEMV's row r = blockIdx.y: with an expert table, every block first checks all `rows`
+ * ids (rows <= blockDim.x); on a bad one block (0,0) sets *flag and false comes back, and the
+ * block must write nothing; else *w and *xrow become row r's expert and x row. Without a table
+ * (dense) it returns true with both untouched. Every thread of the block calls it. */
+__device__ __forceinline__ bool g1_expert(const cu_wexp *__restrict__ table, int n_w,
+                                          const char *__restrict__ ids, int64_t ids_s, int k,
+                                          int x_per_token, int rows, int *flag, cu_wexp *w,
+                                          int64_t *xrow) {
+    if (!table) return true;
+    const int tid = threadIdx.x, r = (int)blockIdx.y;
+    int bad = 0;
+    if (tid < rows) {
+        const int e = ((const int32_t *)(ids + (int64_t)(tid / k) * ids_s))[tid % k];
+        bad = e < 0 || e >= n_w;
+    }
+    if (__syncthreads_or(bad)) {
+        if (tid == 0 && blockIdx.x == 0 && blockIdx.y == 0) *flag = 1;
+        return false;
+    }
+    *w = table[((const int32_t *)(ids + (int64_t)(r / k) * ids_s))[r % k]];
+    *xrow = x_per_token ? r / k : r;
+    return true;
+}
+
+/* Output n of a row, v its product, stored through the plain epilogue (relu2, add or none). */
+__device__ __forceinline__ void g1_store(const g1_epi &e, float *yr, int64_t n, float v) {
+    if (e.ep == CN_EP_RELU2) {
+        const float q = v > 0.0f ? v : 0.0f;
+        yr[n] = q * q;
+    } else if (e.ep == CN_EP_ACC) {
+        yr[n] += v;
+    } else {
+        yr[n] = v;
+    }
+}
+
+/* Output n of token t combined: sum over j < k, in order, of its routing weight times expert
+ * row t * k + j's product in e.prt (moe_combine's sum). */
+__device__ __forceinline__ float g1_combined(const g1_epi &e, int t, int k, int64_t N, int64_t n) {
+    const float *wr = (const float *)(e.cw + (int64_t)t * e.cws);
+    float a = 0.0f;
+    for (int j = 0; j < k; j++) a += wr[j] * __ldcg(e.prt + (int64_t)(t * k + j) * N + n);
+    return a;
+}
+
 /* The NVFP4 decode GEMV on tensor cores (cuda_gemv_fp4.cu): whether it takes these weights (every
  * expert of a list), and the launch, with k_gemv1's arguments: y[r] = epilogue(W_r x_r) for the
  * dense weight (table NULL, one row) or the `rows` gathered rows of a decode token. */
