@@ -325,8 +325,8 @@ static int prefill(bench *B, int n) {
     return cn_model_forward(B->m, B->s, &b);
 }
 
-/* n greedy decodes on s from token *tok, each fed the previous pick; *tok ends as the last pick. */
-/* n greedy decodes on s; each token's seconds into tsec[i] when tsec is not NULL. */
+/* n greedy decodes on s from token *tok, each fed the previous pick (*tok ends as the last);
+ * each token's seconds into tsec[i] when tsec is not NULL. */
 static int decode_times(bench *B, cn_state *s, int32_t *tok, int n, double *tsec) {
     for (int i = 0; i < n; i++) {
         double t0 = tsec ? now_s() : 0;
@@ -337,11 +337,9 @@ static int decode_times(bench *B, cn_state *s, int32_t *tok, int n, double *tsec
     return 0;
 }
 
-static int decode_on(bench *B, cn_state *s, int32_t *tok, int n) { return decode_times(B, s, tok, n, NULL); }
-
 static int decode(bench *B, int n) {
     int32_t t = B->toks[0];
-    return decode_on(B, B->s, &t, n);
+    return decode_times(B, B->s, &t, n, NULL);
 }
 
 /* Two probes (or cpu shares) within UNRELIABLE_SPREAD of each other, relative to the lower. */
@@ -395,22 +393,20 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
+/* The median of v[0..n) (sorted in place); 0 if n is 0. */
+static double median(double *v, int n) {
+    if (n <= 0) return 0;
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 /* The median of the agreeing pairs' ratios; 0 if none. */
 static double median_agreeing(const decode_pair *d) {
     double v[MAX_BURSTS];
     int n = 0;
     for (int k = 0; k < d->bursts && n < MAX_BURSTS; k++)
         if (d->pair_ok[k]) v[n++] = d->pair_ratio[k];
-    if (!n) return 0;
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
-
-/* The median of v[0..n) (sorted in place); 0 if n is 0. */
-static double median(double *v, int n) {
-    if (n <= 0) return 0;
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+    return median(v, n);
 }
 
 /* One burst of n decodes on s between the probe already taken (*bw, updated to the one after). */

@@ -719,11 +719,13 @@ int cn_model_forward(cn_model *m, cn_state *st, cn_batch *bt) {
             rc = run_layers(m, m->w.layers, st, offset, T, seg, n_seg, bt->captures, rp, need_from);
         if ((rc = step_finish(b, rc))) goto fail;
         if (bt->all_logits) {
-            rc = head(m, &m->w.norm_f, &m->w.lm_head, 0, T, bt->logits ? bt->logits + (size_t)done * V : NULL,
+            rc = head(m, &m->w.norm_f, &m->w.lm_head, 0, T,
+                      bt->logits ? bt->logits + (size_t)done * V : NULL,
                       bt->hidden ? bt->hidden + (size_t)done * H : NULL, pk);
         } else if (bt->all_hidden && bt->hidden) {
             /* every row's hidden; the lm_head only for the batch's last row */
-            rc = head(m, &m->w.norm_f, &m->w.lm_head, 0, T, NULL, bt->hidden + (size_t)done * H, NULL);
+            rc = head(m, &m->w.norm_f, &m->w.lm_head, 0, T, NULL, bt->hidden + (size_t)done * H,
+                      NULL);
             if (!rc && last && (bt->logits || pk))
                 rc = head(m, &m->w.norm_f, &m->w.lm_head, T - 1, 1, bt->logits, NULL, pk);
         } else if (last) {
@@ -767,7 +769,7 @@ static int mtp_forward(cn_model *m, cn_state *st, const float *hidden, const int
     for (int i = 0; i < n; i++)
         if (next[i] < 0 || next[i] >= m->cfg.vocab_size) return CN_EINVAL;
     cn_backend *b = m->b;
-    /* a drafting state runs on the head's FP8 copy once it is built (mtp_draft.c) */
+    /* a drafting state runs on the head's NVFP4 (or FP8) copy once it is built (mtp_draft.c) */
     const int draft = st->mtp == 2 && m->w.has_mtp_draft;
     const cn_mtp_w *w = draft ? &m->w.mtp_draft : &m->w.mtp;
     const cn_tensor *lm_head = draft ? &m->w.lm_head_draft : &m->w.lm_head;
@@ -816,7 +818,8 @@ static int mtp_forward(cn_model *m, cn_state *st, const float *hidden, const int
             CHECK(rc);
             cn_tensor xl = cn_tensor_rows(&x, T - 1, 1);
             if (hp) CHECK(cn_backend_download(b, hp, &xl));
-            if (lp) CHECK(head(m, &w->final_norm, lm_head, T - 1, 1, lp, NULL, NULL)); /* the lm_head for one row */
+            if (lp) /* the lm_head for one row */
+                CHECK(head(m, &w->final_norm, lm_head, T - 1, 1, lp, NULL, NULL));
         } else {
             CHECK(rc);
             if (hp) CHECK(cn_backend_download(b, hp, &x));

@@ -388,6 +388,24 @@ AT_IN void at_init(const cpu_att_args *a, at_state *st, int HB) {
     _mm512_store_pd(st->l + 8, _mm512_setzero_pd());
 }
 
+/* A walk over the cache rows ATT_PF steps ahead, a line at a time: row p (NULL once past end),
+ * byte b within its `bytes`, rows `stride` apart. */
+typedef struct at_pf {
+    const char *p;
+    int64_t b, bytes, stride;
+    const char *end;
+} at_pf;
+
+/* Prefetches the walk's next line and moves past it. */
+AT_IN void at_pf_line(at_pf *w) {
+    if (!w->p) return;
+    _mm_prefetch(w->p + w->b, _MM_HINT_T0);
+    if ((w->b += 64) >= w->bytes) {
+        w->b = 0;
+        w->p = w->p + w->stride < w->end ? w->p + w->stride : NULL;
+    }
+}
+
 /* Keys [s, min(s + ATT_VK, s1)) of one head group. HB (4, 8 or 16, >= a->hb) is a constant after
  * inlining: the value accumulators stay in registers. Lane h of every vector below is query head
  * h; lanes >= hb see q = 0. kf, vf: scratch for the decoded rows. */
@@ -423,31 +441,18 @@ AT_IN void at_step(const cpu_att_args *a, at_state *st, int64_t s, int HB,
      * over the step's arithmetic: issued in a burst they overflowed the miss buffers and the
      * rows' decoding above stalled on memory (a third of the time at 8k keys). */
     const int pf_on = s + (ATT_PF + 1) * ATT_VK <= a->s1;
-    const char *pk = a->k0 + (s + ATT_PF * ATT_VK) * a->k_stride;
-    const char *pv = a->v0 + (s + ATT_PF * ATT_VK) * a->v_stride;
-    int64_t kb = 0, vb = 0; /* byte offsets of the next lines within the rows at pk, pv */
+    at_pf pk = {a->k0 + (s + ATT_PF * ATT_VK) * a->k_stride, 0, rk, a->k_stride,
+                a->k0 + (s + (ATT_PF + 1) * ATT_VK) * a->k_stride};
+    at_pf pv = {a->v0 + (s + ATT_PF * ATT_VK) * a->v_stride, 0, rv, a->v_stride,
+                a->v0 + (s + (ATT_PF + 1) * ATT_VK) * a->v_stride};
     /* Four d at a time: the 16 row pointers do not fit in the integer registers beside the
      * prefetch walk, so each costs a register move per use; four uses per move instead of one
      * (each score still adds its products in d order). */
     for (int64_t d = 0; d < Dh; d += 4) {
         const int nd = Dh - d < 4 ? (int)(Dh - d) : 4;
-        for (int u = 0; u < nd; u++) {
-            if (pf_on && pk) {
-                _mm_prefetch(pk + kb, _MM_HINT_T0);
-                if ((kb += 64) >= rk) {
-                    kb = 0;
-                    pk = pk + a->k_stride < a->k0 + (s + (ATT_PF + 1) * ATT_VK) * a->k_stride
-                             ? pk + a->k_stride : NULL;
-                }
-            }
-            if (pf_on && pv) {
-                _mm_prefetch(pv + vb, _MM_HINT_T0);
-                if ((vb += 64) >= rv) {
-                    vb = 0;
-                    pv = pv + a->v_stride < a->v0 + (s + (ATT_PF + 1) * ATT_VK) * a->v_stride
-                             ? pv + a->v_stride : NULL;
-                }
-            }
+        for (int u = 0; pf_on && u < nd; u++) {
+            at_pf_line(&pk);
+            at_pf_line(&pv);
         }
         if (nd == 4) {
             const __m512 q0 = _mm512_load_ps(st->qT[d]), q1 = _mm512_load_ps(st->qT[d + 1]);

@@ -5,8 +5,8 @@
  * CPU_MM_ROWS x rows inside that; work is split over (weight block, row block) tasks, and every
  * output is computed the same way whatever task holds it, so results are bit-identical for any
  * n_threads (cpu_impl.h (3)). Up to 2 CPU_MM_ROWS x rows (decode, a speculative verify) take
- * weight blocks of about an eighth of a thread's share (rows_per_task): their tile streams 4 (2 x rows: 8)
- * runs of consecutive rows at once, and runs of a few hundred rows keep the hardware
+ * weight blocks of about an eighth of a thread's share (rows_per_task): their tile streams 4
+ * (2 x rows: 8) runs of consecutive rows at once, and runs of a few hundred rows keep the hardware
  * prefetchers streaming where 16-row blocks restarted them every 2 rows: a verify of two rows
  * reads its weights at decode's rate instead of at half of it.
  * BF16 prefill on AVX-512 (more than 2 CPU_MM_ROWS x rows) takes tasks of MM_PTB x rows by CPU_MM_PNB
