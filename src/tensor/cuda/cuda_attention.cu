@@ -49,6 +49,7 @@ typedef struct att_args {
 
 template <int KD, int VD>
 __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(att_args a) {
+    cu_pdl_enter();
     /* split: this block's span of keys; a span past a query's last key leaves an empty partial */
     __shared__ float qsh[ATT_WARPS][ATT_MAX_DH];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
@@ -142,6 +143,7 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(att_args a) {
  * span at a time on a loaded sum (at 8k keys, 256 spans, that chain was most of a decode step's
  * attention). The sums run in span order as before, so the result is the same. */
 __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention_merge(att_args a) {
+    cu_pdl_enter();
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const int64_t item = (int64_t)blockIdx.x * ATT_WARPS + wid;
     if (item >= (int64_t)a.T * a.Hq) return;
@@ -185,17 +187,17 @@ template <int KD>
 static int launch_v(cu_ctx *c, const att_args &a, cn_dtype vd, unsigned blocks) {
     const dim3 grid(blocks, a.spans ? (unsigned)a.spans : 1u);
     switch (vd) {
-    case CN_F32: k_attention<KD, CN_F32><<<grid, ATT_WARPS * 32, 0, c->stream>>>(a); break;
-    case CN_BF16: k_attention<KD, CN_BF16><<<grid, ATT_WARPS * 32, 0, c->stream>>>(a); break;
-    case CN_F16: k_attention<KD, CN_F16><<<grid, ATT_WARPS * 32, 0, c->stream>>>(a); break;
+    case CN_F32: cu_launch(c, k_attention<KD, CN_F32>, grid, ATT_WARPS * 32, 0, a); break;
+    case CN_BF16: cu_launch(c, k_attention<KD, CN_BF16>, grid, ATT_WARPS * 32, 0, a); break;
+    case CN_F16: cu_launch(c, k_attention<KD, CN_F16>, grid, ATT_WARPS * 32, 0, a); break;
     case CN_F8_E4M3:
-        k_attention<KD, CN_F8_E4M3><<<grid, ATT_WARPS * 32, 0, c->stream>>>(a);
+        cu_launch(c, k_attention<KD, CN_F8_E4M3>, grid, ATT_WARPS * 32, 0, a);
         break;
     default: return CN_EUNSUPPORTED;
     }
     int rc = cu_launch_check("attention");
     if (rc || !a.spans) return rc;
-    k_attention_merge<<<blocks, ATT_WARPS * 32, 0, c->stream>>>(a);
+    cu_launch(c, k_attention_merge, blocks, ATT_WARPS * 32, 0, a);
     return cu_launch_check("attention merge");
 }
 

@@ -85,6 +85,7 @@ __device__ __forceinline__ void fa_put8(const char *row, int d, float scale, boo
 
 template <int D, int DH>
 __global__ void __launch_bounds__(128) k_fa(fa_args a) {
+    cu_pdl_enter();
     constexpr int LD = DH + 8; /* bf16 per shared row: 8 ldmatrix rows hit distinct banks */
     constexpr int KC = DH / 16; /* k16 chunks of a head */
     constexpr int ESZ = D == CN_F32 ? 4 : D == CN_F8_E4M3 ? 1 : 2;
@@ -230,10 +231,10 @@ __global__ void __launch_bounds__(128) k_fa(fa_args a) {
 template <int DH>
 static int fa_launch(cu_ctx *c, const fa_args &a, cn_dtype d, dim3 grid) {
     switch (d) {
-    case CN_F32: k_fa<CN_F32, DH><<<grid, 128, 0, c->stream>>>(a); break;
-    case CN_BF16: k_fa<CN_BF16, DH><<<grid, 128, 0, c->stream>>>(a); break;
-    case CN_F16: k_fa<CN_F16, DH><<<grid, 128, 0, c->stream>>>(a); break;
-    case CN_F8_E4M3: k_fa<CN_F8_E4M3, DH><<<grid, 128, 0, c->stream>>>(a); break;
+    case CN_F32: cu_launch(c, k_fa<CN_F32, DH>, grid, 128, 0, a); break;
+    case CN_BF16: cu_launch(c, k_fa<CN_BF16, DH>, grid, 128, 0, a); break;
+    case CN_F16: cu_launch(c, k_fa<CN_F16, DH>, grid, 128, 0, a); break;
+    case CN_F8_E4M3: cu_launch(c, k_fa<CN_F8_E4M3, DH>, grid, 128, 0, a); break;
     default: return CN_EUNSUPPORTED;
     }
     return cu_launch_check("attention (tensor cores)");

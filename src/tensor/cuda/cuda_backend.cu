@@ -488,6 +488,12 @@ extern "C" cn_backend *cn_cuda_backend_create(int device, cn_err *err) {
         step = "device attributes";
         e = cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, device);
     }
+    int major = 0;
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    /* programmatic dependent launches (cuda_impl.h invariant 7) need sm_90; $CAIRN_CUDA_PDL=0
+     * queues every kernel plainly, so a run can time one against the other */
+    const char *pdl = getenv("CAIRN_CUDA_PDL");
+    c->pdl = major >= 9 && !(pdl && !strcmp(pdl, "0"));
     if (e == cudaSuccess) {
         step = "stream";
         e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);

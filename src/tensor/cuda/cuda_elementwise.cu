@@ -35,6 +35,7 @@ __device__ double block_sum_d(double v) {
 __global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(char *y, int64_t ys, const char *x,
                                                           int64_t xs, const float *__restrict__ w,
                                                           int64_t C, float eps) {
+    cu_pdl_enter();
     const float *xr = (const float *)(x + (int64_t)blockIdx.x * xs);
     float *yr = (float *)(y + (int64_t)blockIdx.x * ys);
     double ss = 0;
@@ -52,6 +53,7 @@ __global__ void __launch_bounds__(NORM_THREADS) k_gated_rmsnorm(char *y, int64_t
                                                                 int64_t zs,
                                                                 const float *__restrict__ w,
                                                                 int64_t group, float eps) {
+    cu_pdl_enter();
     const int64_t t = blockIdx.x, g0 = (int64_t)blockIdx.y * group;
     const float *xr = (const float *)(x + t * xs) + g0;
     const float *zr = (const float *)(z + t * zs) + g0;
@@ -73,7 +75,7 @@ int cu_rmsnorm(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor 
     cu_ctx *c = cu_ctx_of(b);
     const int64_t T = x->shape[0];
     if (T == 0) return CN_OK;
-    k_rmsnorm<<<(unsigned)T, NORM_THREADS, 0, c->stream>>>((char *)y->data, y->stride[0],
+    cu_launch(c, k_rmsnorm, (unsigned)T, NORM_THREADS, 0, (char *)y->data, y->stride[0],
                                                           (const char *)x->data, x->stride[0],
                                                           (const float *)w->data, x->shape[1], eps);
     return cu_launch_check("rmsnorm");
@@ -86,7 +88,7 @@ int cu_gated_rmsnorm(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_t
     if (T == 0 || G == 0) return CN_OK;
     if (G > 65535) return CN_EUNSUPPORTED;
     dim3 grid((unsigned)T, (unsigned)G);
-    k_gated_rmsnorm<<<grid, NORM_THREADS, 0, c->stream>>>(
+    cu_launch(c, k_gated_rmsnorm, grid, NORM_THREADS, 0,
         (char *)y->data, y->stride[0], (const char *)x->data, x->stride[0], (const char *)z->data,
         z->stride[0], (const float *)w->data, group, eps);
     return cu_launch_check("gated_rmsnorm");
@@ -99,6 +101,7 @@ enum { EW_ADD, EW_MUL, EW_SILU, EW_RELU2, EW_SCALE };
 template <int OP>
 __global__ void k_ew(char *y, int64_t ys, const char *a, int64_t as, const char *c, int64_t cs,
                      float s, int64_t T, int64_t C) {
+    cu_pdl_enter();
     const int64_t n = T * C;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -121,7 +124,7 @@ static int ew_run(cn_backend *b, cn_tensor *y, const cn_tensor *a, const cn_tens
     cu_ctx *ctx = cu_ctx_of(b);
     const int64_t T = y->shape[0], C = y->shape[1];
     if (T == 0 || C == 0) return CN_OK;
-    k_ew<OP><<<cu_blocks(T * C, 256), 256, 0, ctx->stream>>>(
+    cu_launch(ctx, k_ew<OP>, cu_blocks(T * C, 256), 256, 0,
         (char *)y->data, y->stride[0], (const char *)a->data, a->stride[0],
         c ? (const char *)c->data : NULL, c ? c->stride[0] : 0, s, T, C);
     return cu_launch_check("elementwise");
@@ -186,6 +189,7 @@ __device__ void am_block(float &bv, int &bi) {
 __global__ void __launch_bounds__(ARGMAX_THREADS)
     k_argmax(int32_t *__restrict__ ids, const char *__restrict__ x, int64_t xs, int64_t N,
              int64_t per, float *part_v, int *part_i, int *cnt) {
+    cu_pdl_enter();
     __shared__ int last;
     const int row = (int)blockIdx.y, nb = (int)gridDim.x;
     const float *xr = (const float *)(x + (int64_t)row * xs);
@@ -233,7 +237,7 @@ int cu_argmax(cn_backend *b, cn_tensor *ids, const cn_tensor *x) {
     for (int64_t t0 = 0; t0 < T; t0 += R) { /* CU_ARGMAX_ROWS rows per launch: one counter each */
         const int64_t r = T - t0 < R ? T - t0 : R;
         const dim3 grid((unsigned)nb, (unsigned)r);
-        k_argmax<<<grid, ARGMAX_THREADS, 0, c->stream>>>(
+        cu_launch(c, k_argmax, grid, ARGMAX_THREADS, 0,
             (int32_t *)ids->data + t0, (const char *)x->data + t0 * x->stride[0], x->stride[0], N,
             per, pv, pi, c->am_cnt);
         const int rc = cu_launch_check("argmax");
@@ -247,6 +251,7 @@ int cu_argmax(cn_backend *b, cn_tensor *ids, const cn_tensor *x) {
 /* SD -> DD, each a cn_dtype among F32, BF16, F16; rounding to nearest even. */
 template <int DD, int SD>
 __global__ void k_convert(char *d, int64_t ds, const char *s, int64_t ss, int64_t R, int64_t C) {
+    cu_pdl_enter();
     const int64_t n = R * C;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -268,13 +273,13 @@ int cu_convert(cn_backend *b, cn_tensor *dst, const cn_tensor *src) {
     const int64_t ds = dst->stride[0], ss = src->stride[0];
     const cn_dtype dd = dst->dtype, sd = src->dtype;
     if (dd == CN_F32 && sd == CN_BF16)
-        k_convert<CN_F32, CN_BF16><<<blocks, 256, 0, c->stream>>>(d, ds, s, ss, R, C);
+        cu_launch(c, k_convert<CN_F32, CN_BF16>, blocks, 256, 0, d, ds, s, ss, R, C);
     else if (dd == CN_F32 && sd == CN_F16)
-        k_convert<CN_F32, CN_F16><<<blocks, 256, 0, c->stream>>>(d, ds, s, ss, R, C);
+        cu_launch(c, k_convert<CN_F32, CN_F16>, blocks, 256, 0, d, ds, s, ss, R, C);
     else if (dd == CN_BF16 && sd == CN_F32)
-        k_convert<CN_BF16, CN_F32><<<blocks, 256, 0, c->stream>>>(d, ds, s, ss, R, C);
+        cu_launch(c, k_convert<CN_BF16, CN_F32>, blocks, 256, 0, d, ds, s, ss, R, C);
     else if (dd == CN_F16 && sd == CN_F32)
-        k_convert<CN_F16, CN_F32><<<blocks, 256, 0, c->stream>>>(d, ds, s, ss, R, C);
+        cu_launch(c, k_convert<CN_F16, CN_F32>, blocks, 256, 0, d, ds, s, ss, R, C);
     else return CN_EUNSUPPORTED;
     return cu_launch_check("convert");
 }
@@ -287,6 +292,7 @@ int cu_convert(cn_backend *b, cn_tensor *dst, const cn_tensor *src) {
 template <typename W>
 __global__ void k_set_rows(char *dst, int64_t ds, int64_t dst_rows, const int *pos, int delta,
                            const char *src, int64_t ss, int64_t R, int64_t n) {
+    cu_pdl_enter();
     const int64_t row = (int64_t)(pos ? *pos : 0) + delta;
     if (row < 0 || row + R > dst_rows) return;
     const int64_t per = n / (int64_t)sizeof(W);
@@ -309,10 +315,10 @@ int cu_set_rows(cn_backend *b, cn_tensor *dst, int row, const cn_tensor *src) {
     const char *s = (const char *)src->data;
     const int64_t ds = dst->stride[0], ss = src->stride[0];
     if (n % 4 == 0 && ds % 4 == 0 && ss % 4 == 0 && (uintptr_t)d % 4 == 0 && (uintptr_t)s % 4 == 0)
-        k_set_rows<uint32_t><<<cu_blocks(R * n / 4, 256), 256, 0, c->stream>>>(
+        cu_launch(c, k_set_rows<uint32_t>, cu_blocks(R * n / 4, 256), 256, 0,
             d, ds, dst->shape[0], pos, delta, s, ss, R, n);
     else
-        k_set_rows<unsigned char><<<cu_blocks(R * n, 256), 256, 0, c->stream>>>(
+        cu_launch(c, k_set_rows<unsigned char>, cu_blocks(R * n, 256), 256, 0,
             d, ds, dst->shape[0], pos, delta, s, ss, R, n);
     return cu_launch_check("set_rows");
 }

@@ -120,6 +120,7 @@ template <int DT, bool VEC, int R>
 __global__ void __launch_bounds__(256) k_gemv(cu_wexp w, const char *__restrict__ x, int64_t xs,
                                               char *__restrict__ y, int64_t ys, int T, int64_t K,
                                               int64_t N) {
+    cu_pdl_enter();
     const int lane = threadIdx.x & 31;
     const int64_t n = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (n >= N) return;
@@ -142,10 +143,10 @@ static void launch_gemv(cu_ctx *c, const cu_wexp &we, const cn_tensor *x, cn_ten
     const char *xd = (const char *)x->data;
     char *yd = (char *)y->data;
     const int64_t xs = x->stride[0], ys = y->stride[0];
-    if (T == 1) k_gemv<DT, VEC, 1><<<blocks, 256, 0, c->stream>>>(we, xd, xs, yd, ys, T, K, N);
-    else if (T == 2) k_gemv<DT, VEC, 2><<<blocks, 256, 0, c->stream>>>(we, xd, xs, yd, ys, T, K, N);
-    else if (T <= 4) k_gemv<DT, VEC, 4><<<blocks, 256, 0, c->stream>>>(we, xd, xs, yd, ys, T, K, N);
-    else k_gemv<DT, VEC, MM_GEMV_ROWS><<<blocks, 256, 0, c->stream>>>(we, xd, xs, yd, ys, T, K, N);
+    if (T == 1) cu_launch(c, k_gemv<DT, VEC, 1>, blocks, 256, 0, we, xd, xs, yd, ys, T, K, N);
+    else if (T == 2) cu_launch(c, k_gemv<DT, VEC, 2>, blocks, 256, 0, we, xd, xs, yd, ys, T, K, N);
+    else if (T <= 4) cu_launch(c, k_gemv<DT, VEC, 4>, blocks, 256, 0, we, xd, xs, yd, ys, T, K, N);
+    else cu_launch(c, k_gemv<DT, VEC, MM_GEMV_ROWS>, blocks, 256, 0, we, xd, xs, yd, ys, T, K, N);
 }
 
 /* ---------------------------------------------------------------- GEMV of one x row */
@@ -332,11 +333,15 @@ __global__ void __launch_bounds__(256, MM_G1_MINB)
     const int tid = threadIdx.x, r = (int)blockIdx.y;
     cu_wexp w = dense;
     int64_t xrow = 0;
+    if (table) cu_pdl_enter(); /* the ids come from the kernel before */
     if (!g1_expert(table, n_w, ids, ids_s, k, x_per_token, rows, flag, &w, &xrow)) return;
-    /* The warp's first weight chunks are requested before x is staged: their memory latency
-     * runs under the staging and its syncs instead of after them. */
+    /* The warp's first weight chunks are requested before x is staged (and, dense, before the
+     * kernel before has finished: invariant 7): their memory latency runs under the staging and
+     * its syncs instead of after them. */
     const int warp = tid >> 5, lane = tid & 31, G = 8 / S, g = warp / S, s = warp - g * S;
     const int64_t n_groups = (N + RW - 1) / RW, nu = K / V, step = (int64_t)S * 32;
+    g1_prefetch(w, (int64_t)blockIdx.x * G * RW, (int64_t)G * RW, (int64_t)gridDim.x * G * RW, N,
+                MM_G1_L2CAP);
     const int64_t u0 = (int64_t)s * 32 + lane, gstep = (int64_t)gridDim.x * G;
     const char *wr[RW];
     const unsigned char *br[RW];
@@ -373,6 +378,7 @@ __global__ void __launch_bounds__(256, MM_G1_MINB)
         fetch(u0);
     }
     if (DT == CN_NVFP4 && tid < 16) lut[tid] = cu_e2m1((unsigned)tid); /* g1_stage syncs */
+    if (!table) cu_pdl_enter();
     const float rs = g1_stage<Q>((const float *)(x + xrow * xs), (float *)g1_x, K, epi);
     const bool combine = table && epi.ep == CN_EP_ACC;
     for (int64_t base = (int64_t)blockIdx.x * G; base < n_groups; base += gstep) {
@@ -469,7 +475,7 @@ static void launch_gemv1(cu_ctx *c, const cu_wexp &dense, const cu_wexp *table, 
     /* one wave: every block stages x once, so a second wave would pay for it again */
     const int64_t cap = ((int64_t)c->n_sm * per_sm + rows - 1) / rows;
     const dim3 grid((unsigned)(bx > cap ? cap : bx), (unsigned)rows);
-    k_gemv1<DT><<<grid, 256, (size_t)K * sizeof(float), c->stream>>>(
+    cu_launch(c, k_gemv1<DT>, grid, 256, (size_t)K * sizeof(float),
         dense, table, n_w, ids ? (const char *)ids->data : NULL, ids ? ids->stride[0] : 0, k,
         (const char *)x->data, x->stride[0], x_per_token, (char *)y->data, y->stride[0], K, N, S,
         rows, c->flag_dev, epi);
@@ -513,6 +519,7 @@ typedef struct mm_args {
 /* A TM x MM_TN tile of y; 256 threads, each TM/16 x 4 outputs. */
 template <int DT, int TM>
 __global__ void __launch_bounds__(MM_THREADS) k_mm_tiled(mm_args a) {
+    cu_pdl_enter();
     __shared__ float xs_[MM_TK][TM + 4];
     __shared__ float ws_[MM_TK][MM_TN + 4];
     __shared__ int64_t xrow_[TM], yrow_[TM];
@@ -595,8 +602,8 @@ __global__ void __launch_bounds__(MM_THREADS) k_mm_tiled(mm_args a) {
 template <int DT>
 static int launch_tiled(cu_ctx *c, const mm_args &a, int tm, unsigned n_row_tiles) {
     dim3 grid((unsigned)((a.N + MM_TN - 1) / MM_TN), n_row_tiles);
-    if (tm == 16) k_mm_tiled<DT, 16><<<grid, MM_THREADS, 0, c->stream>>>(a);
-    else k_mm_tiled<DT, 64><<<grid, MM_THREADS, 0, c->stream>>>(a);
+    if (tm == 16) cu_launch(c, k_mm_tiled<DT, 16>, grid, MM_THREADS, 0, a);
+    else cu_launch(c, k_mm_tiled<DT, 64>, grid, MM_THREADS, 0, a);
     return cu_launch_check("matmul (tiled)");
 }
 
@@ -605,6 +612,7 @@ static int launch_tiled(cu_ctx *c, const mm_args &a, int tm, unsigned n_row_tile
 /* declared in cuda_impl.h: the grouped GEMM and cuBLAS's dense path split the same way */
 __global__ void k_split_bf16(const char *__restrict__ x, int64_t xs, __nv_bfloat16 *__restrict__ out,
                              int64_t T, int64_t K) {
+    cu_pdl_enter();
     const int64_t n = T * K;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -630,7 +638,7 @@ static int matmul_bf16_split(cu_ctx *c, cn_tensor *y, const cn_tensor *w, const 
     __nv_bfloat16 *terms =
         (__nv_bfloat16 *)cu_scratch(c, (size_t)(CU_SPLIT * T * K) * sizeof(__nv_bfloat16));
     if (!terms) return CN_ENOMEM;
-    k_split_bf16<<<cu_blocks(T * K, 256), 256, 0, c->stream>>>((const char *)x->data, x->stride[0],
+    cu_launch(c, k_split_bf16, cu_blocks(T * K, 256), 256, 0, (const char *)x->data, x->stride[0],
                                                                terms, T, K);
     int rc = cu_launch_check("matmul split");
     const float one = 1.0f, zero = 0.0f;
@@ -702,6 +710,7 @@ __global__ void __launch_bounds__(1024) k_gather_prep(const char *__restrict__ i
                                                       int T, int k, int n_w, int tm, int *flag,
                                                       int *cnt /* [2 * n_w] */, int *order,
                                                       cu_tile *tiles, int *n_tiles) {
+    cu_pdl_enter();
     int *fill = cnt + n_w;
     const int rows = T * k;
     for (int e = threadIdx.x; e < n_w; e += blockDim.x) {
@@ -755,6 +764,7 @@ __global__ void __launch_bounds__(256) k_gather_gemv(const cu_wexp *__restrict__
                                                      int x_per_token, char *__restrict__ y,
                                                      int64_t ys, int64_t K, int64_t N, int rows,
                                                      int *flag) {
+    cu_pdl_enter();
     cu_wexp w;
     int64_t xrow;
     if (!g1_expert(table, n_w, ids, ids_s, k, x_per_token, rows, flag, &w, &xrow)) return;
@@ -848,12 +858,12 @@ int cu_matmul_gather(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, int
             CU_DISPATCH_WQ(dt, (launch_gemv1<DT>(c, none, table, n_w, ids, (int)k, x,
                                                  x->shape[0] == T, y, K, N, (int)rows, plain)));
         } else if (vec) {
-            CU_DISPATCH_WQ(dt, (k_gather_gemv<DT, true><<<grid, 256, 0, c->stream>>>(
+            CU_DISPATCH_WQ(dt, (cu_launch(c, k_gather_gemv<DT, true>, grid, 256, 0,
                                   table, n_w, (const char *)ids->data, ids->stride[0], (int)k,
                                   (const char *)x->data, x->stride[0], x->shape[0] == T,
                                   (char *)y->data, y->stride[0], K, N, (int)rows, c->flag_dev)));
         } else {
-            CU_DISPATCH_WQ(dt, (k_gather_gemv<DT, false><<<grid, 256, 0, c->stream>>>(
+            CU_DISPATCH_WQ(dt, (cu_launch(c, k_gather_gemv<DT, false>, grid, 256, 0,
                                   table, n_w, (const char *)ids->data, ids->stride[0], (int)k,
                                   (const char *)x->data, x->stride[0], x->shape[0] == T,
                                   (char *)y->data, y->stride[0], K, N, (int)rows, c->flag_dev)));
@@ -875,7 +885,7 @@ int cu_matmul_gather(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, int
     int *cnt = (int *)mem, *n_tiles = cnt + 2 * n_w, *order = n_tiles + 1;
     cu_tile *tiles = (cu_tile *)(mem + n_int * sizeof(int));
     if ((rc = cu_flag_reset(c))) return rc;
-    k_gather_prep<<<1, 1024, 0, c->stream>>>((const char *)ids->data, ids->stride[0], (int)T, (int)k,
+    cu_launch(c, k_gather_prep, 1, 1024, 0, (const char *)ids->data, ids->stride[0], (int)T, (int)k,
                                              n_w, tm, c->flag_dev, cnt, order, tiles, n_tiles);
     if ((rc = cu_launch_check("gather prep"))) return rc;
     mm_args a;
@@ -964,6 +974,7 @@ int cu_matmul_gather_ep(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, 
 /* ---------------------------------------------------------------- embedding lookup */
 
 __global__ void k_ids_check(const int32_t *__restrict__ ids, int64_t n, int64_t limit, int *flag) {
+    cu_pdl_enter();
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x)
         if (ids[i] < 0 || ids[i] >= limit) *flag = 1;
@@ -973,6 +984,7 @@ template <int DT>
 __global__ void k_get_rows(const char *__restrict__ table, int64_t ts, float scale,
                            const int32_t *__restrict__ ids, char *__restrict__ y, int64_t ys,
                            int64_t H, const int *flag) {
+    cu_pdl_enter();
     if (*flag) return;
     const int64_t t = blockIdx.x;
     const char *src = table + (int64_t)ids[t] * ts;
@@ -989,11 +1001,11 @@ int cu_get_rows(cn_backend *b, cn_tensor *y, const cn_tensor *table, const cn_te
     const float scale = table->dtype == CN_F8_E4M3 ? table->scale : 1.0f;
     int rc = cu_flag_reset(c);
     if (rc) return rc;
-    k_ids_check<<<cu_blocks(T, 256), 256, 0, c->stream>>>((const int32_t *)ids->data, T, V,
+    cu_launch(c, k_ids_check, cu_blocks(T, 256), 256, 0, (const int32_t *)ids->data, T, V,
                                                           c->flag_dev);
     if ((rc = cu_launch_check("get_rows check"))) return rc;
     CU_DISPATCH_W(table->dtype,
-                  (k_get_rows<DT><<<(unsigned)T, 256, 0, c->stream>>>(
+                  (cu_launch(c, k_get_rows<DT>, (unsigned)T, 256, 0,
                       (const char *)table->data, table->stride[0], scale,
                       (const int32_t *)ids->data, (char *)y->data, y->stride[0], H, c->flag_dev)));
     if ((rc = cu_launch_check("get_rows"))) return rc;

@@ -215,6 +215,7 @@ __global__ void __launch_bounds__(256, 2)
     const int tid = threadIdx.x, r = (int)blockIdx.y;
     cu_wexp w = dense;
     int64_t xrow = 0;
+    if (table) cu_pdl_enter(); /* the ids come from the kernel before */
     if (!g1_expert(table, n_w, ids, ids_s, k, x_per_token, rows, flag, &w, &xrow)) return;
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int G = 8 / S, gi = warp / S, si = warp - gi * S;
@@ -250,6 +251,8 @@ __global__ void __launch_bounds__(256, 2)
         slot_i = slot_i == FP4_NST - 1 ? 0 : slot_i + 1;
     };
     for (int j = 0; j < FP4_NST - 1 && per; j++) issue();
+    g1_prefetch(w, (int64_t)first * 16, (int64_t)G * 16, (int64_t)gstep * 16, N, MM_G1_L2CAP);
+    if (!table) cu_pdl_enter(); /* dense: the weights were on their way before (invariant 7) */
     uint4 *xq = (uint4 *)((char *)g1_x + FP4_RING);
     const float post = fp4_stage((const float *)(x + xrow * xs), K, epi, xq, 4 * n_ss);
     const bool combine = table && epi.ep == CN_EP_ACC;
@@ -348,7 +351,7 @@ void cu_gemv_fp4(cu_ctx *c, const cu_wexp &dense, const cu_wexp *table, int n_w,
     const int64_t bx = (n_tiles + 8 / S - 1) / (8 / S);
     const int64_t cap = ((int64_t)c->n_sm * per_sm + rows - 1) / rows;
     const dim3 grid((unsigned)(bx > cap ? cap : bx), (unsigned)rows);
-    k_gemv_fp4<<<grid, 256, (size_t)FP4_RING + (size_t)n_ss * 4 * 128, c->stream>>>(
+    cu_launch(c, k_gemv_fp4, grid, 256, (size_t)FP4_RING + (size_t)n_ss * 4 * 128,
         dense, table, n_w, ids ? (const char *)ids->data : NULL, ids ? ids->stride[0] : 0, k,
         (const char *)x->data, x->stride[0], x_per_token, (char *)y->data, y->stride[0], (int)K,
         (int)N, S, rows, c->flag_dev, epi);

@@ -158,6 +158,7 @@ __device__ __forceinline__ void gg_mma(float c[4], const unsigned a[4], const un
  * [GG_BN][GG_LDS]. */
 template <int DT, int BM, int WM, int WN>
 __global__ void __launch_bounds__(WM * WN * 32) k_gg(gg_args a) {
+    cu_pdl_enter();
     constexpr int THREADS = WM * WN * 32;
     constexpr int TM = BM / WM, TN = GG_BN / WN; /* a warp's tile */
     constexpr int MI = TM / 16, NI = TN / 8;     /* its mma blocks */
@@ -347,7 +348,7 @@ static int gg_run(cu_ctx *c, const gg_args &a, dim3 grid) {
                           "matmul (tensor cores) shared memory");
         if (rc) return rc;
     }
-    k_gg<DT, BM, WM, WN><<<grid, WM * WN * 32, smem, c->stream>>>(a);
+    cu_launch(c, k_gg<DT, BM, WM, WN>, grid, WM * WN * 32, smem, a);
     return cu_launch_check("matmul (tensor cores)");
 }
 
@@ -396,7 +397,7 @@ static gg_args gg_io(const __nv_bfloat16 *planes, size_t plane, cn_tensor *y, in
 
 static int gg_split(cu_ctx *c, const cn_tensor *x, __nv_bfloat16 *planes) {
     const int64_t T = x->shape[0], K = x->shape[1];
-    k_split_bf16<<<cu_blocks(T * K, 256), 256, 0, c->stream>>>((const char *)x->data, x->stride[0],
+    cu_launch(c, k_split_bf16, cu_blocks(T * K, 256), 256, 0, (const char *)x->data, x->stride[0],
                                                             planes, T, K);
     return cu_launch_check("matmul split (tensor cores)");
 }
@@ -438,7 +439,7 @@ int cu_gg_gather(cu_ctx *c, cn_tensor *y, const cu_wexp *table, int n_w, cn_dtyp
     cu_tile *tiles = (cu_tile *)(mem + pbytes + n_int * sizeof(int));
     int rc = cu_flag_reset(c);
     if (rc) return rc;
-    k_gather_prep<<<1, 1024, 0, c->stream>>>((const char *)ids->data, ids->stride[0], (int)T, (int)k,
+    cu_launch(c, k_gather_prep, 1, 1024, 0, (const char *)ids->data, ids->stride[0], (int)T, (int)k,
                                          n_w, bm, c->flag_dev, cnt, order, tiles, n_tiles);
     if ((rc = cu_launch_check("gather prep (tensor cores)"))) return rc;
     if ((rc = gg_split(c, x, planes))) return rc;

@@ -41,6 +41,13 @@
  *      (the combining GEMV epilogue, argmax) has the last block merge the others' partials from
  *      scratch in a fixed order and set its counter back to 0, so graphs replay them as they are
  *      and results do not depend on which block finished last.
+ *  (7) Every kernel is queued with cu_launch, as a programmatic dependent launch where the device
+ *      has it (sm_90; `pdl`, off with $CAIRN_CUDA_PDL=0 at create): the stream may start a kernel
+ *      while the one before it still runs, so each kernel calls cu_pdl_enter() before it reads
+ *      or writes anything another kernel touches; the enter waits for the kernels before it to
+ *      finish (their writes visible) and lets the next one start. Before it a kernel may only read
+ *      weights (which no kernel writes) and prefetch them: a decode GEMV's first weight bytes are
+ *      then on their way while the previous kernel drains.
  */
 #ifndef CN_CUDA_IMPL_H
 #define CN_CUDA_IMPL_H
@@ -127,6 +134,7 @@ typedef struct cu_ctx {
     int *ep_cnt;      /* [CU_EP_COUNTERS] zeroed, for combining epilogues (cuda_gemm.cu) */
     int *am_cnt;      /* [CU_ARGMAX_ROWS] zeroed, blocks done per row of argmax */
     struct cu_copy *copy; /* the copy stream and its fences (cuda_copy.cu); made at first use */
+    int pdl;          /* invariant 7 */
 } cu_ctx;
 
 /* The context, with the backend's device made current for the calling thread (cheap when it
@@ -135,6 +143,33 @@ static inline cu_ctx *cu_ctx_of(cn_backend *b) {
     cu_ctx *c = (cu_ctx *)b->ctx;
     cudaSetDevice(c->device);
     return c;
+}
+
+/* Queues kernel k on c->stream (invariant 7); the launch status is cu_launch_check's. */
+template <typename... P, typename... A>
+static inline void cu_launch(const cu_ctx *c, void (*k)(P...), dim3 grid, dim3 block, size_t smem,
+                             A... args) {
+    cudaLaunchAttribute at;
+    at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = c->stream;
+    cfg.attrs = &at;
+    cfg.numAttrs = c->pdl ? 1 : 0;
+    (void)cudaLaunchKernelEx(&cfg, k, args...); /* the error stays for cu_launch_check */
+}
+
+/* A kernel's entry into what other kernels touch (invariant 7): waits for the kernels queued
+ * before it, then lets the next one launch. Every thread that reads or writes such memory
+ * calls it first; without PDL both instructions return at once. */
+__device__ __forceinline__ void cu_pdl_enter() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
 }
 
 /* Maps a CUDA error to a CN code and logs it (with `what`); cudaSuccess -> CN_OK. */
@@ -381,6 +416,31 @@ __device__ __forceinline__ bool g1_expert(const cu_wexp *__restrict__ table, int
     *w = table[((const int32_t *)(ids + (int64_t)(r / k) * ids_s))[r % k]];
     *xrow = x_per_token ? r / k : r;
     return true;
+}
+
+/* Asks L2 for the weight rows a decode GEMV block will read: `per` rows from row `first`, then
+ * again every `step` rows, up to N, data and block scales, at most `cap` bytes of data (a matrix
+ * far larger than L2 would evict its own first rows). Thread i takes visit i; one bulk prefetch
+ * (sm_90) per contiguous run. A hint only: never changes a result, skipped where rows are not
+ * 16-byte runs. */
+#define MM_G1_L2CAP (64 << 10) /* g1_prefetch's bytes per block */
+__device__ __forceinline__ void g1_l2(const void *p, int64_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    if (bytes > 0 && !(((uintptr_t)p | (uintptr_t)bytes) & 15))
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"((unsigned)bytes)
+                     : "memory");
+#else
+    (void)p, (void)bytes;
+#endif
+}
+__device__ __forceinline__ void g1_prefetch(const cu_wexp &w, int64_t first, int64_t per,
+                                           int64_t step, int64_t N, int64_t cap) {
+    const int64_t visits = first < N ? (N - first + step - 1) / step : 0;
+    const int64_t i = threadIdx.x;
+    if (i >= visits || (i > 0 && i * per * w.stride >= cap)) return;
+    const int64_t r0 = first + i * step, r1 = r0 + per < N ? r0 + per : N;
+    g1_l2(w.data + r0 * w.stride, (r1 - r0) * w.stride);
+    if (w.bs) g1_l2(w.bs + r0 * w.bs_stride, (r1 - r0) * w.bs_stride);
 }
 
 /* Output n of a row, v its product, stored through the plain epilogue (relu2, add or none). */

@@ -36,6 +36,7 @@ __device__ int best_expert(const float *sel, const uint8_t *taken, const uint8_t
 }
 
 __global__ void __launch_bounds__(ROUTE_THREADS) k_route(route_args a) {
+    cu_pdl_enter();
     extern __shared__ float sh[];
     const int E = a.E, n_group = a.n_group > 1 ? a.n_group : 1;
     float *s = sh, *sel = s + E, *gscore = sel + E;
@@ -139,12 +140,13 @@ int cu_moe_route(cn_backend *b, cn_tensor *ids, cn_tensor *weights, const cn_ten
     a.topk_group = ra->topk_group;
     a.norm_topk = ra->norm_topk;
     a.scaling = ra->scaling;
-    k_route<<<(unsigned)T, ROUTE_THREADS, smem, c->stream>>>(a);
+    cu_launch(c, k_route, (unsigned)T, ROUTE_THREADS, smem, a);
     return cu_launch_check("moe_route");
 }
 
 __global__ void k_combine(char *y, int64_t ys, const char *rows, int64_t rs, const char *w,
                           int64_t ws, int64_t T, int64_t H, int k) {
+    cu_pdl_enter();
     const int64_t n = T * H;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
@@ -160,7 +162,7 @@ int cu_moe_combine(cn_backend *b, cn_tensor *y, const cn_tensor *rows, const cn_
     cu_ctx *c = cu_ctx_of(b);
     const int64_t T = y->shape[0], H = y->shape[1];
     if (T == 0 || H == 0) return CN_OK;
-    k_combine<<<cu_blocks(T * H, 256), 256, 0, c->stream>>>(
+    cu_launch(c, k_combine, cu_blocks(T * H, 256), 256, 0,
         (char *)y->data, y->stride[0], (const char *)rows->data, rows->stride[0],
         (const char *)weights->data, weights->stride[0], T, H, (int)weights->shape[1]);
     return cu_launch_check("moe_combine");

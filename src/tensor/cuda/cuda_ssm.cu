@@ -28,6 +28,7 @@
 __global__ void k_conv1d_seq(char *y, int64_t ys, const char *x, int64_t xs, const char *w, int64_t ws,
                              const float *bias, char *state, int64_t ss, int64_t T, int64_t C,
                              int64_t K) {
+    cu_pdl_enter();
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     const float *wr = (const float *)(w + c * ws);
@@ -47,6 +48,7 @@ __global__ void k_conv1d_seq(char *y, int64_t ys, const char *x, int64_t xs, con
 __global__ void k_conv1d(char *y, int64_t ys, const char *x, int64_t xs, const char *w, int64_t ws,
                          const float *bias, const char *state, int64_t ss, int64_t t0, int64_t C,
                          int64_t K) {
+    cu_pdl_enter();
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int64_t t = t0 + blockIdx.y;
     if (c >= C) return;
@@ -60,6 +62,7 @@ __global__ void k_conv1d(char *y, int64_t ys, const char *x, int64_t xs, const c
  * thread per channel, in place: row i + T >= i is read before it is overwritten. */
 __global__ void k_conv1d_state(const char *x, int64_t xs, char *state, int64_t ss, int64_t T, int64_t C,
                                int64_t K) {
+    cu_pdl_enter();
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     for (int64_t i = 0; i < K - 1; i++) {
@@ -76,7 +79,7 @@ int cu_conv1d(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *
     if (C == 0 || T == 0) return CN_OK;
     const unsigned cb = (unsigned)((C + 127) / 128);
     if (T <= CONV_SEQ_MAX_T) {
-        k_conv1d_seq<<<cb, 128, 0, c->stream>>>(
+        cu_launch(c, k_conv1d_seq, cb, 128, 0,
             (char *)y->data, y->stride[0], (const char *)x->data, x->stride[0], (const char *)w->data,
             w->stride[0], bias ? (const float *)bias->data : NULL, (char *)state->data,
             state->stride[0], T, C, K);
@@ -84,14 +87,14 @@ int cu_conv1d(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *
     }
     for (int64_t t0 = 0; t0 < T; t0 += 65535) { /* grid.y is at most 65535 */
         const int64_t n = T - t0 < 65535 ? T - t0 : 65535;
-        k_conv1d<<<dim3(cb, (unsigned)n), 128, 0, c->stream>>>(
+        cu_launch(c, k_conv1d, dim3(cb, (unsigned)n), 128, 0,
             (char *)y->data, y->stride[0], (const char *)x->data, x->stride[0], (const char *)w->data,
             w->stride[0], bias ? (const float *)bias->data : NULL, (const char *)state->data,
             state->stride[0], t0, C, K);
         int rc = cu_launch_check("conv1d");
         if (rc) return rc;
     }
-    k_conv1d_state<<<cb, 128, 0, c->stream>>>((const char *)x->data, x->stride[0], (char *)state->data,
+    cu_launch(c, k_conv1d_state, cb, 128, 0, (const char *)x->data, x->stride[0], (char *)state->data,
                                              state->stride[0], T, C, K);
     return cu_launch_check("conv1d state");
 }
@@ -117,6 +120,7 @@ __device__ __forceinline__ float softplus_f(float v) { return v > 20.0f ? v : lo
 
 /* One warp per (h, p): s[n] = s[n] dA + dt x B[n]; y = sum s[n] C[n] + D x, token by token. */
 __global__ void __launch_bounds__(128) k_ssm_scan(scan_args a) {
+    cu_pdl_enter();
     const int lane = threadIdx.x & 31;
     const int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (row >= (int64_t)a.H * a.P) return;
@@ -177,6 +181,7 @@ __device__ __forceinline__ void scan_cp4(float *dst, const float *src) {
  * the state passes them unchanged. */
 template <int NPL>
 __global__ void __launch_bounds__(SCAN_WARPS * 32) k_ssm_scan_chunked(scan_args a) {
+    cu_pdl_enter();
     constexpr int NP = NPL * 32, THREADS = SCAN_WARPS * 32;
     extern __shared__ float sm[]; /* [2 buffers][B, C][SCAN_L][NP] */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
@@ -272,7 +277,7 @@ static int scan_chunked(cu_ctx *c, const scan_args &s) {
         if (rc) return rc;
     }
     const dim3 grid((unsigned)((s.P + SCAN_WARPS - 1) / SCAN_WARPS), (unsigned)s.H);
-    k_ssm_scan_chunked<NPL><<<grid, SCAN_WARPS * 32, smem, c->stream>>>(s);
+    cu_launch(c, k_ssm_scan_chunked<NPL>, grid, SCAN_WARPS * 32, smem, s);
     return cu_launch_check("ssm_scan (chunked)");
 }
 
@@ -312,6 +317,6 @@ int cu_ssm_scan(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor
         const int npl = (s.N + 31) / 32;
         return npl == 1 ? scan_chunked<1>(c, s) : npl == 2 ? scan_chunked<2>(c, s) : scan_chunked<4>(c, s);
     }
-    k_ssm_scan<<<(unsigned)((rows + 3) / 4), 128, 0, c->stream>>>(s);
+    cu_launch(c, k_ssm_scan, (unsigned)((rows + 3) / 4), 128, 0, s);
     return cu_launch_check("ssm_scan");
 }
