@@ -340,8 +340,6 @@ __global__ void __launch_bounds__(256, MM_G1_MINB)
      * its syncs instead of after them. */
     const int warp = tid >> 5, lane = tid & 31, G = 8 / S, g = warp / S, s = warp - g * S;
     const int64_t n_groups = (N + RW - 1) / RW, nu = K / V, step = (int64_t)S * 32;
-    g1_prefetch(w, (int64_t)blockIdx.x * G * RW, (int64_t)G * RW, (int64_t)gridDim.x * G * RW, N,
-                MM_G1_L2CAP);
     const int64_t u0 = (int64_t)s * 32 + lane, gstep = (int64_t)gridDim.x * G;
     const char *wr[RW];
     const unsigned char *br[RW];

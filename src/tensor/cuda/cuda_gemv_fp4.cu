@@ -100,19 +100,31 @@ __device__ __forceinline__ float4 fp4_ld4(const float *p, bool vec) {
     return vec ? *(const float4 *)p : make_float4(p[0], p[1], p[2], p[3]);
 }
 
+/* The norm weights this thread's staging passes will multiply by (fp4_stage's i; zeros past K
+ * or without a norm). They are weights, so a kernel may load them before cu_pdl_enter: they
+ * arrive with its first weight chunks instead of one memory round after x. */
+__device__ __forceinline__ void fp4_norm_load(const g1_epi &epi, int K, float4 (&nv)[FP4_XP]) {
+    const bool vec = !((uintptr_t)epi.norm & 15u);
+#pragma unroll
+    for (int p = 0; p < FP4_XP; p++) {
+        const int i = 4 * ((int)threadIdx.x + 256 * p);
+        nv[p] = epi.norm && i < K ? fp4_ld4(epi.norm + i, vec) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+}
+
 /* Stages the x row xr (K values, K % 64 == 0) for k_gemv_fp4 straight from registers: each
  * thread holds 4 consecutive values per pass, normalised as epi says (k_gemv1's g1_stage, same
  * formulas), scaled by 2^-p so that the largest magnitude stays within 2^14, and stored as one
  * uint4 of (hi, lo) fp16 pairs at its swizzled place; chunks K / 32 .. n_pad - 1 are zeros, so
- * the last super-step needs no bounds. Returns the row's norm scale (1 without) times 2^p, to
+ * the last super-step needs no bounds. nv: fp4_norm_load's. Returns the row's norm scale (1 without) times 2^p, to
  * multiply each output. Every thread calls it; it ends with a __syncthreads. */
 __device__ __forceinline__ float fp4_stage(const float *__restrict__ xr, int K, const g1_epi &epi,
-                                           uint4 *xq, int n_pad) {
+                                           uint4 *xq, int n_pad, const float4 (&nv)[FP4_XP]) {
     __shared__ double gsq[FP4_XP * 8]; /* squares per (pass, warp): 128 values, one group's part */
     __shared__ double ssw[8];
     __shared__ float mw[8];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const bool vec = !(((uintptr_t)xr | (uintptr_t)epi.norm | (uintptr_t)epi.gate) & 15u);
+    const bool vec = !(((uintptr_t)xr | (uintptr_t)epi.gate) & 15u);
     float4 v[FP4_XP];
     double ss = 0.0;
 #pragma unroll
@@ -154,11 +166,11 @@ __device__ __forceinline__ float fp4_stage(const float *__restrict__ xr, int K, 
             double sg = 0.0;
             for (int u = u0; u < u0 + nu; u++) sg += gsq[u];
             const float inv = (float)(1.0 / sqrt(sg / (double)epi.group + epi.eps));
-            const float4 n = fp4_ld4(epi.norm + i, vec);
+            const float4 n = nv[p];
             a = make_float4(n.x * (a.x * inv), n.y * (a.y * inv), n.z * (a.z * inv),
                             n.w * (a.w * inv));
         } else if (epi.norm) {
-            const float4 n = fp4_ld4(epi.norm + i, vec);
+            const float4 n = nv[p];
             a = make_float4(n.x * a.x, n.y * a.y, n.z * a.z, n.w * a.w);
         }
         v[p] = a;
@@ -215,6 +227,8 @@ __global__ void __launch_bounds__(256, 2)
     const int tid = threadIdx.x, r = (int)blockIdx.y;
     cu_wexp w = dense;
     int64_t xrow = 0;
+    float4 nv[FP4_XP];
+    fp4_norm_load(epi, K, nv);
     if (table) cu_pdl_enter(); /* the ids come from the kernel before */
     if (!g1_expert(table, n_w, ids, ids_s, k, x_per_token, rows, flag, &w, &xrow)) return;
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
@@ -251,10 +265,9 @@ __global__ void __launch_bounds__(256, 2)
         slot_i = slot_i == FP4_NST - 1 ? 0 : slot_i + 1;
     };
     for (int j = 0; j < FP4_NST - 1 && per; j++) issue();
-    g1_prefetch(w, (int64_t)first * 16, (int64_t)G * 16, (int64_t)gstep * 16, N, MM_G1_L2CAP);
     if (!table) cu_pdl_enter(); /* dense: the weights were on their way before (invariant 7) */
     uint4 *xq = (uint4 *)((char *)g1_x + FP4_RING);
-    const float post = fp4_stage((const float *)(x + xrow * xs), K, epi, xq, 4 * n_ss);
+    const float post = fp4_stage((const float *)(x + xrow * xs), K, epi, xq, 4 * n_ss, nv);
     const bool combine = table && epi.ep == CN_EP_ACC;
     const unsigned s64 = 0x54005400u; /* half2 (64, 64) */
     int slot = 0;
@@ -345,11 +358,18 @@ void cu_gemv_fp4(cu_ctx *c, const cu_wexp &dense, const cu_wexp *table, int n_w,
         per_sm = 1;
     if (per_sm < 1) per_sm = 1;
     const int64_t n_tiles = (N + 15) / 16, n_ss = (K / 32 + 3) / 4;
-    const int64_t want = (int64_t)c->n_sm * per_sm * 8; /* warps resident */
-    int S = 1;
-    while (S < 8 && S < n_ss && rows * n_tiles * S < want) S *= 2;
-    const int64_t bx = (n_tiles + 8 / S - 1) / (8 / S);
+    /* S: the split whose busiest warp has the fewest super-steps, in the one wave of resident
+     * blocks (the smaller S on a tie: fewer partials to add) */
     const int64_t cap = ((int64_t)c->n_sm * per_sm + rows - 1) / rows;
+    int S = 1;
+    int64_t best = INT64_MAX;
+    for (int s = 1; s <= 8 && (s == 1 || s <= n_ss); s *= 2) {
+        const int64_t gx = (n_tiles + 8 / s - 1) / (8 / s);
+        const int64_t per_wave = (gx > cap ? cap : gx) * (8 / s);
+        const int64_t steps = (n_tiles + per_wave - 1) / per_wave * ((n_ss + s - 1) / s);
+        if (steps < best) best = steps, S = s;
+    }
+    const int64_t bx = (n_tiles + 8 / S - 1) / (8 / S);
     const dim3 grid((unsigned)(bx > cap ? cap : bx), (unsigned)rows);
     cu_launch(c, k_gemv_fp4, grid, 256, (size_t)FP4_RING + (size_t)n_ss * 4 * 128,
         dense, table, n_w, ids ? (const char *)ids->data : NULL, ids ? ids->stride[0] : 0, k,

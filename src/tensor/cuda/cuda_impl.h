@@ -46,8 +46,8 @@
  *      while the one before it still runs, so each kernel calls cu_pdl_enter() before it reads
  *      or writes anything another kernel touches; the enter waits for the kernels before it to
  *      finish (their writes visible) and lets the next one start. Before it a kernel may only read
- *      weights (which no kernel writes) and prefetch them: a decode GEMV's first weight bytes are
- *      then on their way while the previous kernel drains.
+ *      weights (which no kernel writes): a dense decode GEMV's first weight chunks and every GEMV's
+ *      norm weights are then on their way while the previous kernel drains.
  */
 #ifndef CN_CUDA_IMPL_H
 #define CN_CUDA_IMPL_H
@@ -416,31 +416,6 @@ __device__ __forceinline__ bool g1_expert(const cu_wexp *__restrict__ table, int
     *w = table[((const int32_t *)(ids + (int64_t)(r / k) * ids_s))[r % k]];
     *xrow = x_per_token ? r / k : r;
     return true;
-}
-
-/* Asks L2 for the weight rows a decode GEMV block will read: `per` rows from row `first`, then
- * again every `step` rows, up to N, data and block scales, at most `cap` bytes of data (a matrix
- * far larger than L2 would evict its own first rows). Thread i takes visit i; one bulk prefetch
- * (sm_90) per contiguous run. A hint only: never changes a result, skipped where rows are not
- * 16-byte runs. */
-#define MM_G1_L2CAP (64 << 10) /* g1_prefetch's bytes per block */
-__device__ __forceinline__ void g1_l2(const void *p, int64_t bytes) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if (bytes > 0 && !(((uintptr_t)p | (uintptr_t)bytes) & 15))
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(p), "r"((unsigned)bytes)
-                     : "memory");
-#else
-    (void)p, (void)bytes;
-#endif
-}
-__device__ __forceinline__ void g1_prefetch(const cu_wexp &w, int64_t first, int64_t per,
-                                           int64_t step, int64_t N, int64_t cap) {
-    const int64_t visits = first < N ? (N - first + step - 1) / step : 0;
-    const int64_t i = threadIdx.x;
-    if (i >= visits || (i > 0 && i * per * w.stride >= cap)) return;
-    const int64_t r0 = first + i * step, r1 = r0 + per < N ? r0 + per : N;
-    g1_l2(w.data + r0 * w.stride, (r1 - r0) * w.stride);
-    if (w.bs) g1_l2(w.bs + r0 * w.bs_stride, (r1 - r0) * w.bs_stride);
 }
 
 /* Output n of a row, v its product, stored through the plain epilogue (relu2, add or none). */
