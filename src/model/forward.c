@@ -177,9 +177,12 @@ typedef struct mix_in {
     int fuse;              /* products may take cn_mm_ep */
 } mix_in;
 
-/* The input as a plain op takes it: xn, normalised first if that has not happened yet. */
+/* The input as a plain op takes it: xn, normalised first if that has not happened yet. The norm
+ * writes xn, which products on another lane may read: it joins an open fork first (backend.h
+ * lanes), and the mixer's ops run in order from there. */
 static int in_plain(cn_model *m, mix_in *in, const cn_tensor **x) {
     if (in->norm && !in->normed) {
+        CHECK(cn_backend_join(m->b));
         CHECK(cn_op_rmsnorm(m->b, in->xn, in->h, in->norm, m->cfg.norm_eps));
         in->normed = 1;
     }
@@ -340,7 +343,7 @@ static int attn_mixer(cn_model *m, const cn_attn_w *w, cn_layer_state *ls, int o
     cn_backend *b = m->b;
     cn_tensor q = rows(&m->s.proj, T);
     q.shape[1] = (int64_t)c->n_heads * c->head_dim;
-    CHECK(mm_in(m, in, &q, &w->q, 0));
+    CHECK(cn_backend_fork(b)); /* K and V beside Q: they read the input, write their own rows */
     if (T == 1) {
         cn_tensor kn = rows(&m->s.kn, 1), vn = rows(&m->s.vn, 1);
         CHECK(mm_in(m, in, &kn, &w->k, 0));
@@ -352,6 +355,9 @@ static int attn_mixer(cn_model *m, const cn_attn_w *w, cn_layer_state *ls, int o
         CHECK(mm_in(m, in, &kc, &w->k, 0));                           /* append to the cache */
         CHECK(mm_in(m, in, &vc, &w->v, 0));
     }
+    CHECK(cn_backend_back(b));
+    CHECK(mm_in(m, in, &q, &w->q, 0));
+    CHECK(cn_backend_join(b));
     cn_tensor att = rows(&m->s.y, T);
     att.shape[1] = q.shape[1];
     CHECK(cn_op_attention(b, &att, &q, &ls->k, &ls->v, offset, c->n_heads, c->n_kv_heads,
@@ -404,12 +410,15 @@ static int moe_mixer(cn_model *m, const cn_moe_w *w, cn_tensor *out, int acc, mi
                         .norm_topk = c->norm_topk_prob, .scaling = c->routed_scaling_factor};
     cn_tensor rl = rows(&s->rlogits, T), ids = rows(&s->rids, T), rw = rows(&s->rw, T);
     cn_tensor eh = rows(&s->eh, T * k), eo = rows(&s->eo, T * k);
+    CHECK(cn_backend_fork(b)); /* the routing and routed up beside the shared up (backend.h) */
     CHECK(mm_in(m, in, &rl, &w->gate, 0));                            /* router logits, fp32 */
     CHECK(cn_op_moe_route(b, &ids, &rw, &rl, w->bias.data ? &w->bias : NULL, &ra));
     CHECK(mm_gather_in(m, in, &eh, w->up_p, c->n_routed_experts, &ids, CN_EP_RELU2));
+    CHECK(cn_backend_back(b));
     cn_tensor sh = rows(&s->proj, T), so = rows(&s->tmp, T);
     sh.shape[1] = c->moe_shared_intermediate_size;
     if (w->has_shared) CHECK(mm_in(m, in, &sh, &w->shared_up, CN_EP_RELU2));
+    CHECK(cn_backend_join(b));
     const cn_mm_ep comb = {.ep = CN_EP_ACC, .weights = &rw};
     int rc = acc ? cn_op_matmul_gather_ep(b, out, w->down_p, c->n_routed_experts, &eh, &ids, &comb)
                  : CN_EUNSUPPORTED;

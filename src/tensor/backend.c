@@ -92,6 +92,13 @@ int cn_backend_set_record(cn_backend *b, int on) {
     return b->iface->set_record(b, on != 0);
 }
 
+static int lane(cn_backend *b, int what) {
+    return b->iface->lane ? b->iface->lane(b, what) : CN_OK;
+}
+int cn_backend_fork(cn_backend *b) { return lane(b, CN_LANE_FORK); }
+int cn_backend_back(cn_backend *b) { return lane(b, CN_LANE_BACK); }
+int cn_backend_join(cn_backend *b) { return lane(b, CN_LANE_JOIN); }
+
 int cn_backend_measure(cn_backend *b, int what, cn_backend_limits *out) {
     cn_backend_limits zero = {0};
     *out = zero;

@@ -140,6 +140,20 @@ int cn_backend_step_end(cn_backend *b, int run);
  * inside a step (CN_EBUSY). A backend that never records accepts either value. */
 int cn_backend_set_record(cn_backend *b, int on);
 
+/* ---- lanes ----
+ * Independent ops of one forward may run side by side. cn_backend_fork sends the ops after it to
+ * a side lane, which starts once everything queued before the fork is done; cn_backend_back sends
+ * the ops after it to the main lane again, where they may run beside the side lane's;
+ * cn_backend_join makes the main lane's later ops wait for everything on the side lane (a no-op
+ * without an open fork; from the side lane it also goes back). The caller promises that what the
+ * two lanes run between fork and join neither writes what the other reads or writes. One side
+ * lane: fork again only after join; a step ends joined. A backend without lanes runs every op in
+ * order, which is one schedule the promise allows, and these calls return CN_OK. */
+enum { CN_LANE_FORK = 1, CN_LANE_BACK, CN_LANE_JOIN };
+int cn_backend_fork(cn_backend *b);
+int cn_backend_back(cn_backend *b);
+int cn_backend_join(cn_backend *b);
+
 /* ---- the machine ---- */
 /* What the device of a backend can do, measured on the spot (bench figures set speeds against
  * these). Units: GB/s are 1e9 bytes per second; one multiply-add is two operations. */

@@ -87,6 +87,9 @@ typedef struct cn_backend_iface {
     int (*ssm_scan_from)(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
                          const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a,
                          cn_tensor *state, const cn_tensor *from);
+    /* Lanes (backend.h): CN_LANE_FORK, CN_LANE_BACK or CN_LANE_JOIN, (optional): default
+     * CN_OK, every op in order. */
+    int (*lane)(cn_backend *b, int what);
 } cn_backend_iface;
 
 struct cn_backend {

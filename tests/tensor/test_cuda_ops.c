@@ -1195,6 +1195,66 @@ static void test_step(void **st) {
     for (int e = 0; e < NW; e++) pw_free(&ws[e]);
 }
 
+/* y1 = W1 x on the side lane beside y2 = W2 x on the main one, then y3 = y1 + y2 after the join
+ * (backend.h lanes): the CPU's in-order result, eagerly and inside a step (which ends joined even
+ * when the fork is left open), bit for bit the same both ways; the refusals. */
+static void lane_ops(cn_backend *b, const cn_tensor *w1, const cn_tensor *w2, const cn_tensor *x,
+                     cn_tensor *y1, cn_tensor *y2, cn_tensor *y3, int join) {
+    assert_int_equal(cn_backend_fork(b), 0);
+    assert_int_equal(cn_op_matmul(b, y1, w1, x), 0);
+    assert_int_equal(cn_backend_back(b), 0);
+    assert_int_equal(cn_op_matmul(b, y2, w2, x), 0);
+    if (!join) return;
+    assert_int_equal(cn_backend_join(b), 0);
+    assert_int_equal(cn_op_add(b, y3, y1, y2), 0);
+}
+
+static void test_lanes(void **st) {
+    (void)st;
+    const int64_t K = 1024, N = 3072;
+    pw w1 = pw_make(CN_BF16, N, K, 0.5f), w2 = pw_make(CN_BF16, N, K, 0.5f);
+    /* one x row; y rows 0 (eager) and 1 (in a step) on CUDA, both in order on the CPU */
+    pv x = pv_make(1, K, 3, -1, 1), y1 = pv_make(2, N, 2, 0, 0), y2 = pv_make(2, N, 2, 0, 0);
+    pv y3 = pv_make(2, N, 2, 0, 0);
+    cn_tensor r1[2], r2[2], r3[2], c1[2], c2[2], c3[2];
+    for (int r = 0; r < 2; r++) {
+        r1[r] = cn_tensor_rows(&y1.g, r, 1);
+        r2[r] = cn_tensor_rows(&y2.g, r, 1);
+        r3[r] = cn_tensor_rows(&y3.g, r, 1);
+        c1[r] = cn_tensor_rows(&y1.c, r, 1);
+        c2[r] = cn_tensor_rows(&y2.c, r, 1);
+        c3[r] = cn_tensor_rows(&y3.c, r, 1);
+        lane_ops(g_cpu, &w1.c, &w2.c, &x.c, &c1[r], &c2[r], &c3[r], 1); /* no lanes: in order */
+    }
+    lane_ops(g_cu, &w1.g, &w2.g, &x.g, &r1[0], &r2[0], &r3[0], 1);
+    assert_int_equal(cn_backend_step_begin(g_cu, 12), 0);
+    lane_ops(g_cu, &w1.g, &w2.g, &x.g, &r1[1], &r2[1], &r3[1], 1);
+    assert_int_equal(cn_backend_step_end(g_cu, 1), 0);
+    float *a = get(g_cu, &y3.g);
+    assert_memory_equal(a, a + N, (size_t)N * sizeof(float)); /* row 1 (step) == row 0 (eager) */
+    free(a);
+    pv_expect("lanes y3", &y3, TOL_MM);
+    /* refusals; a step left forked ends joined */
+    assert_int_equal(cn_backend_join(g_cu), 0); /* nothing open */
+    assert_int_equal(cn_backend_back(g_cu), 0);
+    assert_int_equal(cn_backend_fork(g_cu), 0);
+    assert_int_equal(cn_backend_fork(g_cu), CN_EBUSY);
+    assert_int_equal(cn_backend_step_begin(g_cu, 12), CN_EBUSY);
+    assert_int_equal(cn_backend_join(g_cu), 0);
+    assert_int_equal(cn_backend_step_begin(g_cu, 13), 0);
+    lane_ops(g_cu, &w1.g, &w2.g, &x.g, &r1[1], &r2[1], &r3[1], 0);
+    assert_int_equal(cn_backend_step_end(g_cu, 1), 0);
+    assert_int_equal(cn_backend_sync(g_cu), 0);
+    pv_expect("lanes y1", &y1, TOL_MM);
+    pv_expect("lanes y2", &y2, TOL_MM);
+    pv_free(&x);
+    pv_free(&y1);
+    pv_free(&y2);
+    pv_free(&y3);
+    pw_free(&w1);
+    pw_free(&w2);
+}
+
 /* A decode step's attention replayed as the cache grows across span boundaries (the graph's
  * grid and scratch change, its kernels do not): each step equals the eager call bit for bit. */
 static void test_step_attention(void **st) {
@@ -1337,6 +1397,7 @@ int main(void) {
         cmocka_unit_test(test_block_scaled),
         cmocka_unit_test(test_argmax),      cmocka_unit_test(test_matmul_ep),
         cmocka_unit_test(test_matmul_gather_ep), cmocka_unit_test(test_fp4_ep),
+        cmocka_unit_test(test_lanes),
         cmocka_unit_test(test_step),        cmocka_unit_test(test_step_attention),
         cmocka_unit_test(test_step_replay),
     };

@@ -86,6 +86,13 @@ int cu_flag_read(cu_ctx *c, int *flag) {
 
 static void cu_free(cn_backend *b) {
     cu_ctx *c = cu_ctx_of(b);
+    if (c->lane) { /* left on the side lane: back to the main stream, where a capture began */
+        c->lane_scratch[1] = c->scratch;
+        c->scratch = c->lane_scratch[0];
+        c->stream = c->lanes[0];
+        c->lane = 0;
+    }
+    if (c->lanes[1]) cudaStreamSynchronize(c->lanes[1]);
     if (c->capturing) { /* a step left open: end the capture so the stream can be destroyed */
         cudaGraph_t g = NULL;
         if (cudaStreamEndCapture(c->stream, &g) == cudaSuccess && g) cudaGraphDestroy(g);
@@ -107,6 +114,10 @@ static void cu_free(cn_backend *b) {
     free(c->tabs);
     free(c->weights);
     cudaFree(c->scratch);
+    cudaFree(c->lane_scratch[!c->lane]);
+    if (c->ev_fork) cudaEventDestroy(c->ev_fork);
+    if (c->ev_join) cudaEventDestroy(c->ev_join);
+    if (c->lanes[1]) cudaStreamDestroy(c->lanes[1]);
     cudaFree(c->flag_dev);
     if (c->flag_host) cudaFreeHost(c->flag_host);
     cudaFree(c->par_dev);
@@ -240,14 +251,15 @@ static int cu_weight(cn_backend *b, cn_tensor *w) {
 static int cu_sync(cn_backend *b) {
     cu_ctx *c = cu_ctx_of(b);
     if (c->in_step) return CN_EBUSY;
-    return cu_check(cudaStreamSynchronize(c->stream), "sync");
+    int rc = cu_check(cudaStreamSynchronize(c->lanes[1]), "sync side");
+    return rc ? rc : cu_check(cudaStreamSynchronize(c->stream), "sync");
 }
 
 /* ---- iface: steps (backend.h; cuda_impl.h invariant 5) ---- */
 
 static int cu_step_begin(cn_backend *b, int key) {
     cu_ctx *c = cu_ctx_of(b);
-    if (c->in_step) return CN_EBUSY;
+    if (c->in_step || c->forked) return CN_EBUSY;
     if (c->graphs && !(key & CN_STEP_EAGER)) {
         int rc = cu_check(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeRelaxed),
                           "step capture");
@@ -274,7 +286,7 @@ static int cu_step_begin(cn_backend *b, int key) {
  * else the step opens for ops as step_begin does, recording relative to pos. */
 static int cu_step_begin_at(cn_backend *b, int key, uint64_t tag, int pos) {
     cu_ctx *c = cu_ctx_of(b);
-    if (c->in_step) return CN_EBUSY;
+    if (c->in_step || c->forked) return CN_EBUSY;
     *c->par_host = pos;
     int rc = cu_check(cudaMemcpyAsync(c->par_dev, c->par_host, sizeof(int),
                                       cudaMemcpyHostToDevice, c->stream), "step position");
@@ -367,10 +379,13 @@ static int launch_graph(cu_ctx *c, cudaGraph_t g) {
     return cu_check(cudaGraphLaunch(s->exec, c->stream), "step launch");
 }
 
+static int cu_lane(cn_backend *b, int what);
+
 static int cu_step_end(cn_backend *b, int run) {
     cu_ctx *c = cu_ctx_of(b);
     if (!c->in_step) return CN_EINVAL;
-    int rc = CN_OK;
+    int rc = cu_lane(b, CN_LANE_JOIN); /* a capture ends on the stream it began on, joined */
+    if (rc) run = 0;
     if (c->capturing) {
         cudaGraph_t g = NULL;
         cudaError_t e = cudaStreamEndCapture(c->stream, &g);
@@ -395,6 +410,48 @@ static int cu_step_end(cn_backend *b, int run) {
     free_retired(c);
     if (rc) return rc;
     return flag ? CN_EINVAL : CN_OK;
+}
+
+/* ---- iface: lanes (backend.h; cuda_impl.h invariant 8) ---- */
+
+/* Makes lane l current: its stream for the ops and cuBLAS, its scratch. */
+static int lane_switch(cu_ctx *c, int l) {
+    if (c->lane == l) return CN_OK;
+    c->lane_scratch[c->lane] = c->scratch;
+    c->lane_scratch_cap[c->lane] = c->scratch_cap;
+    c->lane = l;
+    c->stream = c->lanes[l];
+    c->scratch = c->lane_scratch[l];
+    c->scratch_cap = c->lane_scratch_cap[l];
+    return cublasSetStream(c->blas, c->stream) == CUBLAS_STATUS_SUCCESS ? CN_OK : CN_EIO;
+}
+
+static int cu_lane(cn_backend *b, int what) {
+    cu_ctx *c = cu_ctx_of(b);
+    int rc = CN_OK;
+    if (!c->use_lanes) return what == CN_LANE_FORK || what == CN_LANE_BACK || what == CN_LANE_JOIN
+                                  ? CN_OK
+                                  : CN_EINVAL;
+    switch (what) {
+    case CN_LANE_FORK:
+        if (c->forked) return CN_EBUSY;
+        rc = cu_check(cudaEventRecord(c->ev_fork, c->lanes[0]), "fork");
+        if (!rc) rc = cu_check(cudaStreamWaitEvent(c->lanes[1], c->ev_fork, 0), "fork wait");
+        if (!rc) c->forked = 1;
+        return rc ? rc : lane_switch(c, 1);
+    case CN_LANE_BACK:
+        return c->forked ? lane_switch(c, 0) : CN_OK;
+    case CN_LANE_JOIN:
+        if (!c->forked) return CN_OK;
+        rc = cu_check(cudaEventRecord(c->ev_join, c->lanes[1]), "join");
+        if (!rc) rc = cu_check(cudaStreamWaitEvent(c->lanes[0], c->ev_join, 0), "join wait");
+        c->forked = 0;
+        {
+            const int r2 = lane_switch(c, 0);
+            return rc ? rc : r2;
+        }
+    default: return CN_EINVAL;
+    }
 }
 
 static const cn_backend_iface cu_iface = {
@@ -445,6 +502,7 @@ static const cn_backend_iface cu_iface = {
     /* .ssm_scan_caps = */ NULL,
     /* not here: a verify's buffers are recorded in its steps; the captures hold the states */
     /* .ssm_scan_from = */ NULL,
+    /* .lane = */ cu_lane,
 };
 
 extern "C" cn_backend *cn_cuda_backend_create(int device, cn_err *err) {
@@ -494,10 +552,19 @@ extern "C" cn_backend *cn_cuda_backend_create(int device, cn_err *err) {
      * queues every kernel plainly, so a run can time one against the other */
     const char *pdl = getenv("CAIRN_CUDA_PDL");
     c->pdl = major >= 9 && !(pdl && !strcmp(pdl, "0"));
+    const char *ln = getenv("CAIRN_CUDA_LANES"); /* 0: every op in order, to time the lanes */
+    c->use_lanes = !(ln && !strcmp(ln, "0"));
     if (e == cudaSuccess) {
         step = "stream";
         e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+        c->lanes[0] = c->stream;
     }
+    if (e == cudaSuccess) {
+        step = "lanes";
+        e = cudaStreamCreateWithFlags(&c->lanes[1], cudaStreamNonBlocking);
+    }
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->ev_fork, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&c->ev_join, cudaEventDisableTiming);
     if (e == cudaSuccess) {
         step = "flag";
         e = cudaMalloc(&c->flag_dev, sizeof(int));

@@ -942,7 +942,8 @@ int cu_matmul_gather_ep(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, 
         if (w[e]->dtype != dt || !mm_can_vec(dt, w[e]->data, w[e]->stride[0], K))
             return CN_EUNSUPPORTED;
     const int64_t n_groups = (N + MM_G1_RW - 1) / MM_G1_RW;
-    if (f->ep == CN_EP_ACC && T * n_groups > CU_EP_COUNTERS) return CN_EUNSUPPORTED;
+    if (f->ep == CN_EP_ACC && (T * n_groups > CU_EP_COUNTERS || c->lane))
+        return CN_EUNSUPPORTED; /* the counters belong to the main lane (invariant 8) */
     if (rows == 0 || N == 0) return CN_OK;
     int rc = CN_OK;
     const cu_wexp *table = expert_table(c, w, n_w, &rc);

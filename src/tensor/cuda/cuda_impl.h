@@ -48,6 +48,12 @@
  *      finish (their writes visible) and lets the next one start. Before it a kernel may only read
  *      weights (which no kernel writes): a dense decode GEMV's first weight chunks and every GEMV's
  *      norm weights are then on their way while the previous kernel drains.
+ *  (8) Lanes: `stream` (and cuBLAS's stream, and `scratch`) follow the current lane; a fork
+ *      records ev_fork on the main stream and makes the side stream wait for it, a join records
+ *      ev_join on the side stream and makes the main one wait; inside a captured step both
+ *      streams are in the capture through those events, and step_end joins first. Only the
+ *      combining epilogue's counters (`ep_cnt`) and argmax's are shared: ops that use them stay
+ *      on the main lane.
  */
 #ifndef CN_CUDA_IMPL_H
 #define CN_CUDA_IMPL_H
@@ -135,6 +141,14 @@ typedef struct cu_ctx {
     int *am_cnt;      /* [CU_ARGMAX_ROWS] zeroed, blocks done per row of argmax */
     struct cu_copy *copy; /* the copy stream and its fences (cuda_copy.cu); made at first use */
     int pdl;          /* invariant 7 */
+    /* lanes (backend.h; invariant 8) */
+    cudaStream_t lanes[2]; /* main, side; `stream` is the current one */
+    int use_lanes;         /* $CAIRN_CUDA_LANES=0 at create: forks run in order */
+    int lane;              /* 0 or 1: which one `stream` is */
+    int forked;            /* a fork is open (not joined) */
+    cudaEvent_t ev_fork, ev_join;
+    void *lane_scratch[2]; /* invariant 2, one buffer per lane: `scratch` is the current lane's */
+    size_t lane_scratch_cap[2];
 } cu_ctx;
 
 /* The context, with the backend's device made current for the calling thread (cheap when it
