@@ -1677,8 +1677,33 @@ static void test_set_rows_and_positioned_step(void **state) {
     cn_backend_free(b);
 }
 
+/* The CPU has no lanes (backend.h): fork, back and join answer CN_OK and the ops run as called,
+ * each seeing what the one before wrote. */
+static void test_lanes_run_in_order(void **state) {
+    (void)state;
+    cn_backend *b = backend(1, ISA_BEST);
+    view dst = view_make(2, 3, 1), src = view_make(1, 3, 0);
+    for (int c = 0; c < 3; c++) *at(&src, 0, c) = (float)(7 + c);
+    cn_tensor r0 = cn_tensor_rows(&dst.t, 0, 1), r1 = cn_tensor_rows(&dst.t, 1, 1);
+    assert_int_equal(cn_backend_join(b), CN_OK); /* nothing open */
+    assert_int_equal(cn_backend_fork(b), CN_OK);
+    assert_int_equal(cn_op_scale(b, &r0, &src.t, 2.0f), CN_OK);
+    assert_int_equal(cn_backend_back(b), CN_OK);
+    assert_int_equal(cn_op_add(b, &r1, &r0, &src.t), CN_OK); /* reads the side lane's row */
+    assert_int_equal(cn_backend_join(b), CN_OK);
+    for (int c = 0; c < 3; c++) {
+        assert_true(*at(&dst, 0, c) == 2.0f * (float)(7 + c));
+        assert_true(*at(&dst, 1, c) == 3.0f * (float)(7 + c));
+    }
+    view_check_pad(&dst);
+    view_free(&dst);
+    view_free(&src);
+    cn_backend_free(b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_lanes_run_in_order),
         cmocka_unit_test(test_matmul_all_dtypes_and_odd_sizes),
         cmocka_unit_test(test_matmul_simd_matches_scalar_and_threads_agree),
         cmocka_unit_test(test_matmul_decode_streams_match_rows),
