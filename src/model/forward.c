@@ -334,6 +334,30 @@ static int mamba_mixer(cn_model *m, const cn_mamba_w *w, cn_layer_state *ls, int
     return matmul_out(m, acc, out, &w->out_proj, &y);                 /* out_proj */
 }
 
+/* Attention's products: K and V appended to the cache on a side lane beside Q (backend.h
+ * lanes: they read the input and write their own rows); joined on every path, an error too. */
+static int attn_kvq(cn_model *m, const cn_attn_w *w, cn_layer_state *ls, int offset, mix_in *in,
+                    int T, cn_tensor *q) {
+    cn_backend *b = m->b;
+    int rc = cn_backend_fork(b);
+    if (rc) return rc;
+    if (T == 1) {
+        cn_tensor kn = rows(&m->s.kn, 1), vn = rows(&m->s.vn, 1);
+        rc = mm_in(m, in, &kn, &w->k, 0);
+        if (!rc) rc = mm_in(m, in, &vn, &w->v, 0);
+        if (!rc) rc = cn_op_set_rows(b, &ls->k, offset, &kn);        /* append to the cache */
+        if (!rc) rc = cn_op_set_rows(b, &ls->v, offset, &vn);
+    } else {
+        cn_tensor kc = cn_tensor_rows(&ls->k, offset, T), vc = cn_tensor_rows(&ls->v, offset, T);
+        rc = mm_in(m, in, &kc, &w->k, 0);                            /* append to the cache */
+        if (!rc) rc = mm_in(m, in, &vc, &w->v, 0);
+    }
+    if (!rc) rc = cn_backend_back(b);
+    if (!rc) rc = mm_in(m, in, q, &w->q, 0);
+    const int j = cn_backend_join(b);
+    return rc ? rc : j;
+}
+
 /* ATTN(xn) -> out: GQA over the KV cache, no positional encoding. A one-token step's K/V row
  * goes through scratch and cn_op_set_rows, whose row (like attention's n_past) follows the
  * step's position, so a backend can replay the step at the next offset (backend.h, steps (d)). */
@@ -343,21 +367,7 @@ static int attn_mixer(cn_model *m, const cn_attn_w *w, cn_layer_state *ls, int o
     cn_backend *b = m->b;
     cn_tensor q = rows(&m->s.proj, T);
     q.shape[1] = (int64_t)c->n_heads * c->head_dim;
-    CHECK(cn_backend_fork(b)); /* K and V beside Q: they read the input, write their own rows */
-    if (T == 1) {
-        cn_tensor kn = rows(&m->s.kn, 1), vn = rows(&m->s.vn, 1);
-        CHECK(mm_in(m, in, &kn, &w->k, 0));
-        CHECK(mm_in(m, in, &vn, &w->v, 0));
-        CHECK(cn_op_set_rows(b, &ls->k, offset, &kn));                /* append to the cache */
-        CHECK(cn_op_set_rows(b, &ls->v, offset, &vn));
-    } else {
-        cn_tensor kc = cn_tensor_rows(&ls->k, offset, T), vc = cn_tensor_rows(&ls->v, offset, T);
-        CHECK(mm_in(m, in, &kc, &w->k, 0));                           /* append to the cache */
-        CHECK(mm_in(m, in, &vc, &w->v, 0));
-    }
-    CHECK(cn_backend_back(b));
-    CHECK(mm_in(m, in, &q, &w->q, 0));
-    CHECK(cn_backend_join(b));
+    CHECK(attn_kvq(m, w, ls, offset, in, T, &q));
     cn_tensor att = rows(&m->s.y, T);
     att.shape[1] = q.shape[1];
     CHECK(cn_op_attention(b, &att, &q, &ls->k, &ls->v, offset, c->n_heads, c->n_kv_heads,
@@ -410,17 +420,22 @@ static int moe_mixer(cn_model *m, const cn_moe_w *w, cn_tensor *out, int acc, mi
                         .norm_topk = c->norm_topk_prob, .scaling = c->routed_scaling_factor};
     cn_tensor rl = rows(&s->rlogits, T), ids = rows(&s->rids, T), rw = rows(&s->rw, T);
     cn_tensor eh = rows(&s->eh, T * k), eo = rows(&s->eo, T * k);
-    CHECK(cn_backend_fork(b)); /* the routing and routed up beside the shared up (backend.h) */
-    CHECK(mm_in(m, in, &rl, &w->gate, 0));                            /* router logits, fp32 */
-    CHECK(cn_op_moe_route(b, &ids, &rw, &rl, w->bias.data ? &w->bias : NULL, &ra));
-    CHECK(mm_gather_in(m, in, &eh, w->up_p, c->n_routed_experts, &ids, CN_EP_RELU2));
-    CHECK(cn_backend_back(b));
     cn_tensor sh = rows(&s->proj, T), so = rows(&s->tmp, T);
     sh.shape[1] = c->moe_shared_intermediate_size;
-    if (w->has_shared) CHECK(mm_in(m, in, &sh, &w->shared_up, CN_EP_RELU2));
-    CHECK(cn_backend_join(b));
+    /* the routing and routed up on a side lane beside the shared up (backend.h lanes), joined
+     * on every path, an error too */
+    int rc = cn_backend_fork(b);
+    if (rc) return rc;
+    rc = mm_in(m, in, &rl, &w->gate, 0);                              /* router logits, fp32 */
+    if (!rc) rc = cn_op_moe_route(b, &ids, &rw, &rl, w->bias.data ? &w->bias : NULL, &ra);
+    if (!rc) rc = mm_gather_in(m, in, &eh, w->up_p, c->n_routed_experts, &ids, CN_EP_RELU2);
+    if (!rc) rc = cn_backend_back(b);
+    if (!rc && w->has_shared) rc = mm_in(m, in, &sh, &w->shared_up, CN_EP_RELU2);
+    const int j = cn_backend_join(b);
+    CHECK(rc);
+    CHECK(j);
     const cn_mm_ep comb = {.ep = CN_EP_ACC, .weights = &rw};
-    int rc = acc ? cn_op_matmul_gather_ep(b, out, w->down_p, c->n_routed_experts, &eh, &ids, &comb)
+    rc = acc ? cn_op_matmul_gather_ep(b, out, w->down_p, c->n_routed_experts, &eh, &ids, &comb)
                  : CN_EUNSUPPORTED;
     if (rc == CN_EUNSUPPORTED) {
         cn_tensor o = acc ? rows(&s->out, T) : *out;
