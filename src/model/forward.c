@@ -334,12 +334,16 @@ static int mamba_mixer(cn_model *m, const cn_mamba_w *w, cn_layer_state *ls, int
     return matmul_out(m, acc, out, &w->out_proj, &y);                 /* out_proj */
 }
 
+/* A mixer's side lane (backend.h lanes) for a decode token only: a prefill piece's products
+ * fill the device on their own, and side by side they were never measured faster. */
+static int fork_decode(cn_backend *b, int T) { return T == 1 ? cn_backend_fork(b) : CN_OK; }
+
 /* Attention's products: K and V appended to the cache on a side lane beside Q (backend.h
  * lanes: they read the input and write their own rows); joined on every path, an error too. */
 static int attn_kvq(cn_model *m, const cn_attn_w *w, cn_layer_state *ls, int offset, mix_in *in,
                     int T, cn_tensor *q) {
     cn_backend *b = m->b;
-    int rc = cn_backend_fork(b);
+    int rc = fork_decode(b, T);
     if (rc) return rc;
     if (T == 1) {
         cn_tensor kn = rows(&m->s.kn, 1), vn = rows(&m->s.vn, 1);
@@ -422,9 +426,9 @@ static int moe_mixer(cn_model *m, const cn_moe_w *w, cn_tensor *out, int acc, mi
     cn_tensor eh = rows(&s->eh, T * k), eo = rows(&s->eo, T * k);
     cn_tensor sh = rows(&s->proj, T), so = rows(&s->tmp, T);
     sh.shape[1] = c->moe_shared_intermediate_size;
-    /* the routing and routed up on a side lane beside the shared up (backend.h lanes), joined
-     * on every path, an error too */
-    int rc = cn_backend_fork(b);
+    /* a decode token's routing and routed up on a side lane beside the shared up (backend.h
+     * lanes), joined on every path, an error too */
+    int rc = fork_decode(b, T);
     if (rc) return rc;
     rc = mm_in(m, in, &rl, &w->gate, 0);                              /* router logits, fp32 */
     if (!rc) rc = cn_op_moe_route(b, &ids, &rw, &rl, w->bias.data ? &w->bias : NULL, &ra);

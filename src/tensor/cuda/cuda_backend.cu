@@ -124,7 +124,8 @@ static void cu_free(cn_backend *b) {
     cudaFree(c->ep_cnt);
     cudaFree(c->am_cnt);
     if (c->par_host) cudaFreeHost(c->par_host);
-    if (c->blas) cublasDestroy(c->blas);
+    for (int l = 0; l < 2; l++)
+        if (c->lane_blas[l]) cublasDestroy(c->lane_blas[l]);
     if (c->stream) cudaStreamDestroy(c->stream);
     free(c);
     free(b);
@@ -414,7 +415,7 @@ static int cu_step_end(cn_backend *b, int run) {
 
 /* ---- iface: lanes (backend.h; cuda_impl.h invariant 8) ---- */
 
-/* Makes lane l current: its stream for the ops and cuBLAS, its scratch. */
+/* Makes lane l current: its stream, cuBLAS handle and scratch. */
 static int lane_switch(cu_ctx *c, int l) {
     if (c->lane == l) return CN_OK;
     c->lane_scratch[c->lane] = c->scratch;
@@ -423,7 +424,8 @@ static int lane_switch(cu_ctx *c, int l) {
     c->stream = c->lanes[l];
     c->scratch = c->lane_scratch[l];
     c->scratch_cap = c->lane_scratch_cap[l];
-    return cublasSetStream(c->blas, c->stream) == CUBLAS_STATUS_SUCCESS ? CN_OK : CN_EIO;
+    c->blas = c->lane_blas[l];
+    return CN_OK;
 }
 
 static int cu_lane(cn_backend *b, int what) {
@@ -588,9 +590,14 @@ extern "C" cn_backend *cn_cuda_backend_create(int device, cn_err *err) {
         cu_free(b);
         return NULL;
     }
-    cublasStatus_t s = cublasCreate(&c->blas);
-    if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(c->blas, c->stream);
-    if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetMathMode(c->blas, CUBLAS_DEFAULT_MATH);
+    /* a handle per lane: one handle's workspace must not serve two streams at once */
+    cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+    for (int l = 0; l < 2 && s == CUBLAS_STATUS_SUCCESS; l++) {
+        s = cublasCreate(&c->lane_blas[l]);
+        if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetStream(c->lane_blas[l], c->lanes[l]);
+        if (s == CUBLAS_STATUS_SUCCESS) s = cublasSetMathMode(c->lane_blas[l], CUBLAS_DEFAULT_MATH);
+    }
+    c->blas = c->lane_blas[0];
     if (s != CUBLAS_STATUS_SUCCESS) {
         cn_err_set(err, CN_EIO, "CUDA device %d: cuBLAS: %s", device, cublasGetStatusString(s));
         cu_free(b);

@@ -48,12 +48,12 @@
  *      finish (their writes visible) and lets the next one start. Before it a kernel may only read
  *      weights (which no kernel writes): a dense decode GEMV's first weight chunks and every GEMV's
  *      norm weights are then on their way while the previous kernel drains.
- *  (8) Lanes: `stream` (and cuBLAS's stream, and `scratch`) follow the current lane; a fork
- *      records ev_fork on the main stream and makes the side stream wait for it, a join records
- *      ev_join on the side stream and makes the main one wait; inside a captured step both
- *      streams are in the capture through those events, and step_end joins first. Only the
- *      combining epilogue's counters (`ep_cnt`) and argmax's are shared: ops that use them stay
- *      on the main lane.
+ *  (8) Lanes: `stream`, `blas` and `scratch` follow the current lane (a cuBLAS handle and a
+ *      scratch buffer per lane: neither may serve two streams at once); a fork records ev_fork
+ *      on the main stream and makes the side stream wait for it, a join records ev_join on the
+ *      side stream and makes the main one wait; inside a captured step both streams are in the
+ *      capture through those events, and step_end joins first. Only the combining epilogue's
+ *      counters (`ep_cnt`) and argmax's are shared: ops that use them stay on the main lane.
  */
 #ifndef CN_CUDA_IMPL_H
 #define CN_CUDA_IMPL_H
@@ -147,6 +147,7 @@ typedef struct cu_ctx {
     int lane;              /* 0 or 1: which one `stream` is */
     int forked;            /* a fork is open (not joined) */
     cudaEvent_t ev_fork, ev_join;
+    cublasHandle_t lane_blas[2]; /* one per lane, bound to its stream; `blas` is the current one */
     void *lane_scratch[2]; /* invariant 2, one buffer per lane: `scratch` is the current lane's */
     size_t lane_scratch_cap[2];
 } cu_ctx;
