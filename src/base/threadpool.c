@@ -20,7 +20,7 @@
  *      of the next loop with the old fn/ctx: its CAS fails and it goes back to waiting.
  *  (2) The caller waits for `done == n` (items finished), not for every worker to wake: a worker
  *      that the scheduler left asleep costs the loop nothing.
- *  (3) The job (fn, ctx, n, chunk) is published as a sequence lock: the caller sets `pub` to
+ *  (3) The job (fn, ctx, n, grain) is published as a sequence lock: the caller sets `pub` to
  *      POOL_BUSY, writes the job, then sets `pub` to the generation. A worker copies the job
  *      between two reads of `pub` and keeps the copy only if both read the same generation, so
  *      it never runs with a job mixed from two loops. The job changes only while no range is in
@@ -72,7 +72,7 @@ struct cn_pool {
     /* the current job (invariant 3) */
     _Atomic(cn_pool_fn) fn;
     _Atomic(void *) ctx;
-    _Atomic int n, chunk;
+    _Atomic int n, grain;
     _Atomic uint32_t pub;     /* generation of the job; 0 before any, POOL_BUSY, POOL_STOP */
     _Atomic int n_sleeping;   /* workers asleep or about to sleep on cv_start (invariant 4) */
     _Atomic int waiting;      /* the caller sleeps (or is about to) on cv_done (invariant 5) */
@@ -113,15 +113,26 @@ static int loop_done(cn_pool *p, uint32_t n) {
     return atomic_load_explicit(&p->done, memory_order_acquire) >= (int)n;
 }
 
+/* Items in a claim that starts at `begin`: a 2 n_threads-th of what is left, at least `grain`.
+ * Early claims are long (few claims; a matmul's consecutive tasks share cached weights), the last
+ * ones a grain each, so the threads finish within about a grain of each other. With fixed ranges
+ * of n / (4 n_threads) the loop's last range ran alone: on the 2-core VM the worker sat idle
+ * 9-11% of a BF16 prefill's matmul time (2048-token bench, one busy clock per thread). */
+static int claim_size(int n_threads, int n, int begin, int grain) {
+    int size = (n - begin) / (2 * n_threads);
+    return size > grain ? size : grain;
+}
+
 /* Claims and runs ranges of generation `gen` until none is left. */
-static void run_ranges(cn_pool *p, uint32_t gen, cn_pool_fn fn, void *ctx, int n, int chunk) {
+static void run_ranges(cn_pool *p, uint32_t gen, cn_pool_fn fn, void *ctx, int n, int grain) {
     for (;;) {
         uint64_t cur = atomic_load_explicit(&p->claim, memory_order_relaxed);
-        int begin;
+        int begin, chunk;
         for (;;) {
             if ((uint32_t)(cur >> 32) != gen) return;
             begin = (int)(uint32_t)cur;
             if (begin >= n) return;
+            chunk = claim_size(p->n_threads, n, begin, grain);
             uint64_t want = ((uint64_t)gen << 32) | (uint32_t)(begin + chunk);
             if (atomic_compare_exchange_weak_explicit(&p->claim, &cur, want, memory_order_acq_rel,
                                                       memory_order_relaxed))
@@ -157,11 +168,11 @@ static void *worker_main(void *arg) {
         cn_pool_fn fn = atomic_load_explicit(&p->fn, memory_order_relaxed);
         void *ctx = atomic_load_explicit(&p->ctx, memory_order_relaxed);
         int n = atomic_load_explicit(&p->n, memory_order_relaxed);
-        int chunk = atomic_load_explicit(&p->chunk, memory_order_relaxed);
+        int grain = atomic_load_explicit(&p->grain, memory_order_relaxed);
         atomic_thread_fence(memory_order_acquire);
         if (atomic_load_explicit(&p->pub, memory_order_relaxed) != g) continue; /* invariant 3 */
         seen = g;
-        run_ranges(p, g, fn, ctx, n, chunk);
+        run_ranges(p, g, fn, ctx, n, grain);
     }
     return NULL;
 }
@@ -178,7 +189,7 @@ cn_pool *cn_pool_create(int n_threads) {
     atomic_init(&p->fn, NULL);
     atomic_init(&p->ctx, NULL);
     atomic_init(&p->n, 0);
-    atomic_init(&p->chunk, 1);
+    atomic_init(&p->grain, 1);
     atomic_init(&p->pub, 0);
     atomic_init(&p->n_sleeping, 0);
     atomic_init(&p->waiting, 0);
@@ -231,11 +242,6 @@ void cn_pool_for(cn_pool *p, int n, int grain, cn_pool_fn fn, void *ctx) {
         fn(ctx, 0, n);
         return;
     }
-    /* About four ranges per thread: small enough to even out threads the OS delays, large
-     * enough that claiming stays rare. */
-    int chunk = (int)(((int64_t)n + 4 * p->n_threads - 1) / (4 * p->n_threads));
-    if (chunk < grain) chunk = grain;
-
     if (++p->gen >= POOL_BUSY) p->gen = 1; /* 0: every worker's initial `seen` */
     uint32_t gen = p->gen;
     atomic_store_explicit(&p->pub, POOL_BUSY, memory_order_relaxed); /* invariant 3 */
@@ -243,7 +249,7 @@ void cn_pool_for(cn_pool *p, int n, int grain, cn_pool_fn fn, void *ctx) {
     atomic_store_explicit(&p->fn, fn, memory_order_relaxed);
     atomic_store_explicit(&p->ctx, ctx, memory_order_relaxed);
     atomic_store_explicit(&p->n, n, memory_order_relaxed);
-    atomic_store_explicit(&p->chunk, chunk, memory_order_relaxed);
+    atomic_store_explicit(&p->grain, grain, memory_order_relaxed);
     atomic_store_explicit(&p->done, 0, memory_order_relaxed);
     atomic_store_explicit(&p->claim, (uint64_t)gen << 32, memory_order_relaxed);
     atomic_store(&p->pub, gen); /* seq_cst, then `n_sleeping`: invariant 4 */
@@ -253,7 +259,7 @@ void cn_pool_for(cn_pool *p, int n, int grain, cn_pool_fn fn, void *ctx) {
         pthread_mutex_unlock(&p->mu);
     }
 
-    run_ranges(p, gen, fn, ctx, n, chunk);
+    run_ranges(p, gen, fn, ctx, n, grain);
 
     if (spin_until(p, loop_done, (uint32_t)n, &p->spin_ns)) return;
     pthread_mutex_lock(&p->mu);

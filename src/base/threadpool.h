@@ -16,7 +16,8 @@ typedef void (*cn_pool_fn)(void *ctx, int begin, int end);
 cn_pool *cn_pool_create(int n_threads);
 void cn_pool_free(cn_pool *pool);
 int cn_pool_size(const cn_pool *pool);
-/* Runs fn over [0, n) split in ranges of at least `grain` items. */
+/* Runs fn over [0, n) split in ranges of at least `grain` items, claimed in order, each a
+ * 2 n_threads-th of the items left (long ranges first, the last ones `grain` long). */
 void cn_pool_for(cn_pool *pool, int n, int grain, cn_pool_fn fn, void *ctx);
 
 #endif

@@ -110,6 +110,48 @@ static void test_many_back_to_back_loops(void **state) {
     cn_pool_free(p);
 }
 
+typedef struct range_ctx {
+    _Atomic int n_ranges;
+    int begin[64], end[64];
+} range_ctx;
+
+static void range_fn(void *arg, int begin, int end) {
+    range_ctx *c = arg;
+    int i = atomic_fetch_add(&c->n_ranges, 1);
+    if (i < 64) {
+        c->begin[i] = begin;
+        c->end[i] = end;
+    }
+}
+
+/* Ranges shrink as the loop drains, so that threads finish together: none is longer than a
+ * 2 n_threads-th of the items, and the range that ends the loop is one grain (a fixed range of
+ * n / 8 left one thread alone on it). Which thread runs a range does not matter here. */
+static void test_ranges_shrink_to_the_grain(void **state) {
+    (void)state;
+    for (int nt = 2; nt <= 3; nt++) {
+        cn_pool *p = cn_pool_create(nt);
+        assert_non_null(p);
+        int grains[] = {1, 3};
+        for (int g = 0; g < 2; g++) {
+            range_ctx c;
+            memset(&c, 0, sizeof c);
+            atomic_init(&c.n_ranges, 0);
+            cn_pool_for(p, 1000, grains[g], range_fn, &c);
+            int nr = atomic_load(&c.n_ranges);
+            assert_true(nr <= 64);
+            int last = -1;
+            for (int i = 0; i < nr; i++) {
+                assert_true(c.end[i] - c.begin[i] <= 1000 / (2 * nt));
+                if (c.end[i] == 1000) last = i;
+            }
+            assert_true(last >= 0);
+            assert_true(c.end[last] - c.begin[last] <= grains[g]);
+        }
+        cn_pool_free(p);
+    }
+}
+
 /* Sleeps for ms milliseconds: far longer than the pool's spin (tens of microseconds). */
 static void nap(int ms) {
     struct timespec ts = {.tv_sec = ms / 1000, .tv_nsec = (long)(ms % 1000) * 1000000L};
@@ -160,6 +202,7 @@ int main(void) {
         cmocka_unit_test(test_null_and_single_pool_run_inline),
         cmocka_unit_test(test_every_item_once),
         cmocka_unit_test(test_grain_larger_than_n_is_one_call),
+        cmocka_unit_test(test_ranges_shrink_to_the_grain),
         cmocka_unit_test(test_many_back_to_back_loops),
         cmocka_unit_test(test_loops_after_workers_sleep),
         cmocka_unit_test(test_caller_waits_out_slow_ranges),

@@ -1526,6 +1526,21 @@ static void test_elementwise(void **state) {
     }
     view_free(&a);
     view_free(&c);
+    /* relu^2 of a NaN, -0, -inf or a negative is +0 and of +inf +inf, in place, past a block */
+    view s = view_make(1, 70, 1);
+    for (int64_t i = 0; i < 70; i++) *at(&s, 0, i) = (float)(i % 7) - 3.5f;
+    *at(&s, 0, 0) = NAN;
+    *at(&s, 0, 1) = -0.0f;
+    *at(&s, 0, 2) = -INFINITY;
+    *at(&s, 0, 69) = INFINITY;
+    float *v = view_get(&s);
+    assert_int_equal(cn_op_relu2(b, &s.t, &s.t), CN_OK);
+    for (int64_t i = 0; i < 70; i++) {
+        float want = v[i] > 0 ? v[i] * v[i] : 0.0f;
+        assert_memory_equal(at(&s, 0, i), &want, sizeof(float));
+    }
+    free(v);
+    view_free(&s);
     cn_backend_free(b);
 }
 

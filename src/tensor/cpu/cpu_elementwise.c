@@ -6,11 +6,15 @@
  */
 #include <float.h>
 #include <math.h>
+#include <stdint.h>
+#include <string.h>
 
 #include "base/error.h"
 #include "tensor/cpu/cpu_impl.h"
 
 enum ew_op { EW_ADD, EW_MUL, EW_SILU, EW_RELU2, EW_SCALE };
+
+#define EW_BLOCK 64 /* values per block of the branch-free loops */
 
 typedef struct ew_job {
     int op;
@@ -18,6 +22,16 @@ typedef struct ew_job {
     float s;
     int64_t C;
 } ew_job;
+
+/* relu(v)^2 over one block without a branch: the sign test becomes a bit mask (NaN, -0 and the
+ * negatives give +0), which the compiler vectorizes; `v > 0 ? v : 0` stayed a branch under gcc. */
+static void relu2_block(float *v) {
+    uint32_t u[EW_BLOCK];
+    memcpy(u, v, sizeof u);
+    for (int i = 0; i < EW_BLOCK; i++) u[i] &= 0u - (uint32_t)(v[i] > 0.0f);
+    memcpy(v, u, sizeof u);
+    for (int i = 0; i < EW_BLOCK; i++) v[i] *= v[i];
+}
 
 static void ew_rows(void *arg, int begin, int end) {
     const ew_job *j = arg;
@@ -36,9 +50,20 @@ static void ew_rows(void *arg, int begin, int end) {
             for (int64_t i = 0; i < j->C; i++) y[i] = a[i] / (1.0f + expf(-a[i]));
             break;
         case EW_RELU2:
-            for (int64_t i = 0; i < j->C; i++) {
-                float r = a[i] > 0.0f ? a[i] : 0.0f;
-                y[i] = r * r;
+            /* blocks through a local copy: y may alias a, which kept the compiler from vectorizing,
+             * and its scalar branch on the sign missed on half the values (random signs: 30 ms for
+             * a 6144 x 1856 MoE activation, 11x its memory time). NaN and -0 still give +0. */
+            for (int64_t i0 = 0; i0 < j->C; i0 += EW_BLOCK) {
+                float v[EW_BLOCK];
+                if (j->C - i0 < EW_BLOCK) { /* the tail: padded, then cut */
+                    for (int i = 0; i < EW_BLOCK; i++) v[i] = i0 + i < j->C ? a[i0 + i] : 0.0f;
+                    relu2_block(v);
+                    for (int64_t i = 0; i < j->C - i0; i++) y[i0 + i] = v[i];
+                    break;
+                }
+                memcpy(v, a + i0, sizeof v);
+                relu2_block(v);
+                memcpy(y + i0, v, sizeof v);
             }
             break;
         default:

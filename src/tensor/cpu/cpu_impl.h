@@ -88,9 +88,10 @@ typedef struct cpu_kernels {
      * CPU_MM_PNB weight rows (NULL: cpu_matmul runs mm_tile over groups of CPU_MM_ROWS).
      * [pf, pf + pf_bytes) (pf NULL: none) is what the caller's next task reads: it is fetched
      * into L2 a line at a time while this call computes, so that the next task's first tile
-     * does not wait on memory. A hint only: it never changes a result. */
+     * does not wait on memory. With fetch_x, each tile of x rows is fetched into L2 while the
+     * tile before it computes. Hints only: they never change a result. */
     void (*mm_rows)(const cpu_wmat *w, const float *const *xr, float *const *yr, int T,
-                    int64_t n0, int64_t n1, const char *pf, int64_t pf_bytes);
+                    int64_t n0, int64_t n1, const char *pf, int64_t pf_bytes, int fetch_x);
     /* scale * dot(row, x) over K values (row: one weight/cache row of w's dtype). */
     float (*dot_w)(const cpu_wmat *w, const char *row, const float *x);
     /* y[k] += a * scale * row[k] over K values. */

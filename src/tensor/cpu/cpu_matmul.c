@@ -13,6 +13,8 @@
  * weight rows through the kernel table's mm_rows (cpu_kernels.c: a panel that holds a chunk of x
  * in L1 while the block's weight rows stream past it), which reads x a quarter as often as 16-row
  * blocks did; its outputs are mm_tile's bits, so decode and verify rows still equal prefill's.
+ * Dense panel tasks have it fetch each next tile of x rows into L2 (fetch_x); gathered ones fetch
+ * the next weight block instead, for short segments (MM_PF_ROWS).
  * Index tensors are checked before anything is written: an id out of range gives CN_EINVAL.
  * NVFP4 weights read activations quantized once per call into the backend's scratch (cpu_impl.h:
  * CPU_XQ layout), so the per-token path allocates nothing once the scratch has grown.
@@ -138,7 +140,7 @@ static void mm_task(void *arg, int begin, int end) {
                 xr[t - t0] = cpu_row(j->x, t);
                 yr[t - t0] = cpu_row(j->y, t);
             }
-            j->kern->mm_rows(&j->w, xr, yr, (int)(t1 - t0), n0, n1, NULL, 0);
+            j->kern->mm_rows(&j->w, xr, yr, (int)(t1 - t0), n0, n1, NULL, 0, 1);
             continue;
         }
         for (int64_t t = t0; t < t1; t += CPU_MM_ROWS) {
@@ -228,7 +230,7 @@ static void gather_task(void *arg, int begin, int end) {
                 pf = (const char *)wn->data + m0 * wn->stride[0];
                 pf_bytes = (m1 - m0) * wn->stride[0];
             }
-            j->c->kern.mm_rows(&w, xr, yr, s->end - s->begin, n0, n1, pf, pf_bytes);
+            j->c->kern.mm_rows(&w, xr, yr, s->end - s->begin, n0, n1, pf, pf_bytes, 0);
             continue;
         }
         for (int p = s->begin; p < s->end; p += CPU_MM_ROWS) {
