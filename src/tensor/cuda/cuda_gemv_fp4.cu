@@ -16,8 +16,11 @@
  *    |x 2^-p| <= 2^14, lo the rounding of the rest; cuda_impl.h (4)); every product runs once
  *    per term into fp32 sums, in four independent chains.
  *  - Every lane feeds the same x to all 8 columns of B, so each column of the product holds the
- *    rows' sums and no lane reduction is needed; small N splits the super-steps over S warps,
- *    partials summed in a fixed order.
+ *    rows' sums and no lane reduction is needed; the super-steps are split over S warps,
+ *    partials summed in a fixed order, S the split whose busiest warp has the fewest super-steps
+ *    in the one wave of resident blocks (its slowest block ends the launch).
+ *  - Before cu_pdl_enter (cuda_impl.h invariant 7) a block loads its norm weights and, dense,
+ *    queues its first weight stages: both are on their way while the kernel before drains.
  * Rows, epilogues (g1_epi; fp4_write: one output per lane) and the one-wave grid are k_gemv1's.
  *
  * Measured on the H200 against k_gemv1 (nano-shape slice, one decode token, ncu): the gated
