@@ -6,8 +6,10 @@
 # (CAIRN_CUDA_FUSED=0: the plain op sequence and the logits downloaded, the figure before them),
 # back to back in the same run.
 # Usage: sh tools/gpu_decode.sh OUTDIR [bf16 nvfp4 ...]   (logs in OUTDIR; GEN=48 by default;
-# the profile runs for the format PROF, nvfp4 by default; PLAIN lists the formats also benched
-# without the fused ops, all by default; presets are kept in /tmp between runs)
+# the profile runs for the format PROF, nvfp4 by default, its second decode side at KPROF_CONTEXT
+# tokens of context, 16 by default (8192 against 16: what a long context adds to each kernel);
+# PLAIN lists the formats also benched without the fused ops, all by default; presets are kept in
+# /tmp between runs)
 out=${1:?usage: gpu_decode.sh OUTDIR [weights...]}
 shift
 gen=${GEN:-48}
@@ -28,7 +30,8 @@ if cc -O2 -shared -fPIC -I/usr/local/cuda/include tools/kprof.c -o build-cuda/kp
             CAIRN_CUDA_FUSED=$f KPROF_OUT="$out/kprof_${w}_fused$f.txt" \
                 CUDA_INJECTION64_PATH="$PWD/build-cuda/kprof.so" LD_LIBRARY_PATH="$cupti:$LD_LIBRARY_PATH" \
                 timeout 120 build-cuda/cairn bench --backend cuda --preset nano-shape --layers 6 \
-                --weights "$w" --prompt 16 --prompt-short 16 --context 16 --gen 400 --probe-mb 64 \
+                --weights "$w" --prompt 16 --prompt-short 16 --context "${KPROF_CONTEXT:-16}" \
+                --gen 400 --probe-mb 64 \
                 --work-dir "/tmp/gpu-decode-$w" \
                 >"$out/kprof_bench_${w}_fused$f.txt" 2>&1
             echo "kprof $w fused=$f: rc=$?"; head -12 "$out/kprof_${w}_fused$f.txt"
