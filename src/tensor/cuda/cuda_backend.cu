@@ -51,17 +51,18 @@ static void free_retired(cu_ctx *c) {
 }
 
 void *cu_scratch(cu_ctx *c, size_t bytes) {
-    if (bytes <= c->scratch_cap) return c->scratch;
-    size_t cap = c->scratch_cap ? c->scratch_cap : (1u << 20);
+    const int l = c->lane;
+    if (bytes <= c->scratch_cap[l]) return c->scratch[l];
+    size_t cap = c->scratch_cap[l] ? c->scratch_cap[l] : (1u << 20);
     while (cap < bytes) cap *= 2;
     void *p = NULL;
     /* a capturing stream cannot be waited on: the old buffer is retired instead (invariant 5) */
     if (!c->capturing && cu_check(cudaStreamSynchronize(c->stream), "scratch sync")) return NULL;
     if (cu_check(cudaMalloc(&p, cap), "scratch")) return NULL;
-    cu_free_later(c, c->scratch);
+    cu_free_later(c, c->scratch[l]);
     c->epoch++; /* graphs that read the old buffer are stale (invariant 5) */
-    c->scratch = p;
-    c->scratch_cap = cap;
+    c->scratch[l] = p;
+    c->scratch_cap[l] = cap;
     return p;
 }
 
@@ -86,12 +87,7 @@ int cu_flag_read(cu_ctx *c, int *flag) {
 
 static void cu_free(cn_backend *b) {
     cu_ctx *c = cu_ctx_of(b);
-    if (c->lane) { /* left on the side lane: back to the main stream, where a capture began */
-        c->lane_scratch[1] = c->scratch;
-        c->scratch = c->lane_scratch[0];
-        c->stream = c->lanes[0];
-        c->lane = 0;
-    }
+    c->stream = c->lanes[0]; /* left on the side lane: back to the stream a capture began on */
     if (c->lanes[1]) cudaStreamSynchronize(c->lanes[1]);
     if (c->capturing) { /* a step left open: end the capture so the stream can be destroyed */
         cudaGraph_t g = NULL;
@@ -113,8 +109,8 @@ static void cu_free(cn_backend *b) {
     }
     free(c->tabs);
     free(c->weights);
-    cudaFree(c->scratch);
-    cudaFree(c->lane_scratch[!c->lane]);
+    cudaFree(c->scratch[0]);
+    cudaFree(c->scratch[1]);
     if (c->ev_fork) cudaEventDestroy(c->ev_fork);
     if (c->ev_join) cudaEventDestroy(c->ev_join);
     if (c->lanes[1]) cudaStreamDestroy(c->lanes[1]);
@@ -415,44 +411,37 @@ static int cu_step_end(cn_backend *b, int run) {
 
 /* ---- iface: lanes (backend.h; cuda_impl.h invariant 8) ---- */
 
-/* Makes lane l current: its stream, cuBLAS handle and scratch. */
-static int lane_switch(cu_ctx *c, int l) {
-    if (c->lane == l) return CN_OK;
-    c->lane_scratch[c->lane] = c->scratch;
-    c->lane_scratch_cap[c->lane] = c->scratch_cap;
+/* Makes lane l current: its stream and cuBLAS handle (cu_scratch follows `lane`). */
+static void lane_switch(cu_ctx *c, int l) {
     c->lane = l;
     c->stream = c->lanes[l];
-    c->scratch = c->lane_scratch[l];
-    c->scratch_cap = c->lane_scratch_cap[l];
     c->blas = c->lane_blas[l];
-    return CN_OK;
 }
 
 static int cu_lane(cn_backend *b, int what) {
     cu_ctx *c = cu_ctx_of(b);
+    if (what < CN_LANE_FORK || what > CN_LANE_JOIN) return CN_EINVAL;
+    if (!c->use_lanes) return CN_OK;
     int rc = CN_OK;
-    if (!c->use_lanes) return what == CN_LANE_FORK || what == CN_LANE_BACK || what == CN_LANE_JOIN
-                                  ? CN_OK
-                                  : CN_EINVAL;
     switch (what) {
     case CN_LANE_FORK:
         if (c->forked) return CN_EBUSY;
         rc = cu_check(cudaEventRecord(c->ev_fork, c->lanes[0]), "fork");
         if (!rc) rc = cu_check(cudaStreamWaitEvent(c->lanes[1], c->ev_fork, 0), "fork wait");
-        if (!rc) c->forked = 1;
-        return rc ? rc : lane_switch(c, 1);
+        if (rc) return rc;
+        c->forked = 1;
+        lane_switch(c, 1);
+        return CN_OK;
     case CN_LANE_BACK:
-        return c->forked ? lane_switch(c, 0) : CN_OK;
-    case CN_LANE_JOIN:
+        if (c->forked) lane_switch(c, 0);
+        return CN_OK;
+    default: /* CN_LANE_JOIN */
         if (!c->forked) return CN_OK;
         rc = cu_check(cudaEventRecord(c->ev_join, c->lanes[1]), "join");
         if (!rc) rc = cu_check(cudaStreamWaitEvent(c->lanes[0], c->ev_join, 0), "join wait");
         c->forked = 0;
-        {
-            const int r2 = lane_switch(c, 0);
-            return rc ? rc : r2;
-        }
-    default: return CN_EINVAL;
+        lane_switch(c, 0);
+        return rc;
     }
 }
 

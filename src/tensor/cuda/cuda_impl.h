@@ -48,8 +48,8 @@
  *      finish (their writes visible) and lets the next one start. Before it a kernel may only read
  *      weights (which no kernel writes): a dense decode GEMV's first weight chunks and every GEMV's
  *      norm weights are then on their way while the previous kernel drains.
- *  (8) Lanes: `stream`, `blas` and `scratch` follow the current lane (a cuBLAS handle and a
- *      scratch buffer per lane: neither may serve two streams at once); a fork records ev_fork
+ *  (8) Lanes: `stream`, `blas` and the scratch buffer follow the current lane (a cuBLAS handle
+ *      and a scratch buffer per lane: neither may serve two streams at once); a fork records ev_fork
  *      on the main stream and makes the side stream wait for it, a join records ev_join on the
  *      side stream and makes the main one wait; inside a captured step both streams are in the
  *      capture through those events, and step_end joins first. Only the combining epilogue's
@@ -114,8 +114,8 @@ typedef struct cu_ctx {
     cublasHandle_t blas;
     int *flag_dev;  /* device-side verdict of an ids check (invariant 1) */
     int *flag_host; /* pinned copy */
-    void *scratch;  /* invariant 2 */
-    size_t scratch_cap;
+    void *scratch[2]; /* invariant 2, one buffer per lane (invariant 8), `lane` the current one */
+    size_t scratch_cap[2];
     void **weights; /* invariant 3 */
     int n_weights, cap_weights;
     cu_wtab *tabs;
@@ -148,8 +148,6 @@ typedef struct cu_ctx {
     int forked;            /* a fork is open (not joined) */
     cudaEvent_t ev_fork, ev_join;
     cublasHandle_t lane_blas[2]; /* one per lane, bound to its stream; `blas` is the current one */
-    void *lane_scratch[2]; /* invariant 2, one buffer per lane: `scratch` is the current lane's */
-    size_t lane_scratch_cap[2];
 } cu_ctx;
 
 /* The context, with the backend's device made current for the calling thread (cheap when it
