@@ -258,7 +258,8 @@ __device__ __forceinline__ void g1_write(const g1_epi &e, bool combine, char *__
  * without), which multiplies each output. Every thread of the block (256) calls it; it ends with
  * a __syncthreads. */
 template <int Q>
-__device__ __forceinline__ float g1_stage(const float *__restrict__ xr, float *xsm, int64_t K, const g1_epi &epi) {
+__device__ __forceinline__ float g1_stage(const float *__restrict__ xr, float *xsm, int64_t K,
+                                          const g1_epi &epi) {
     const int tid = threadIdx.x;
     double ss = 0.0;
     if (epi.gate) { /* g = x silu(z); each thread's squares of one group summed, then a warp sum in gws */
@@ -454,6 +455,11 @@ __global__ void __launch_bounds__(256, MM_G1_MINB)
         }
     }
 }
+
+/* The decode GEMVs' arguments for a plain product (no norm in, no epilogue), and the dense weight
+ * of a gathered launch (none: every row's weight comes from the expert table). */
+static const g1_epi g1_plain = {NULL, NULL, 0, 0.0f, 0, NULL, 0, NULL, NULL};
+static const cu_wexp g1_no_dense = {NULL, 0, 1.0f, NULL, 0};
 
 /* Launches k_gemv1 over `rows` rows of y (grid.y) with the split and grid sized for the GPU. */
 template <int DT>
@@ -658,14 +664,12 @@ int cu_matmul(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor *
         const cu_wexp we = mm_wexp(w);
         const bool vec = mm_can_vec(w->dtype, w->data, w->stride[0], K);
         if (T == 1 && cu_fp4_fits(&w, 1, K)) {
-            const g1_epi plain = {NULL, NULL, 0, 0.0f, 0, NULL, 0, NULL, NULL};
-            cu_gemv_fp4(c, we, NULL, 0, NULL, 1, x, 0, y, K, N, 1, plain);
+            cu_gemv_fp4(c, we, NULL, 0, NULL, 1, x, 0, y, K, N, 1, g1_plain);
             return cu_launch_check("matmul (gemv fp4)");
         }
         if (T == 1 && vec && K <= MM_G1_MAXK) {
-            const g1_epi plain = {NULL, NULL, 0, 0.0f, 0, NULL, 0, NULL, NULL};
             CU_DISPATCH_WQ(w->dtype,
-                           (launch_gemv1<DT>(c, we, NULL, 0, NULL, 1, x, 0, y, K, N, 1, plain)));
+                           (launch_gemv1<DT>(c, we, NULL, 0, NULL, 1, x, 0, y, K, N, 1, g1_plain)));
             return cu_launch_check("matmul (gemv1)");
         }
         if (vec) {
@@ -846,15 +850,11 @@ int cu_matmul_gather(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, int
         if ((rc = cu_flag_reset(c))) return rc;
         const dim3 grid((unsigned)((N + 7) / 8), (unsigned)rows);
         if (cu_fp4_fits(w, n_w, K)) {
-            const cu_wexp none = {NULL, 0, 1.0f, NULL, 0};
-            const g1_epi plain = {NULL, NULL, 0, 0.0f, 0, NULL, 0, NULL, NULL};
-            cu_gemv_fp4(c, none, table, n_w, ids, (int)k, x, x->shape[0] == T, y, K, N, (int)rows,
-                            plain);
+            cu_gemv_fp4(c, g1_no_dense, table, n_w, ids, (int)k, x, x->shape[0] == T, y, K, N,
+                        (int)rows, g1_plain);
         } else if (vec && K <= MM_G1_MAXK) {
-            const cu_wexp none = {NULL, 0, 1.0f, NULL, 0};
-            const g1_epi plain = {NULL, NULL, 0, 0.0f, 0, NULL, 0, NULL, NULL};
-            CU_DISPATCH_WQ(dt, (launch_gemv1<DT>(c, none, table, n_w, ids, (int)k, x,
-                                                 x->shape[0] == T, y, K, N, (int)rows, plain)));
+            CU_DISPATCH_WQ(dt, (launch_gemv1<DT>(c, g1_no_dense, table, n_w, ids, (int)k, x,
+                                                 x->shape[0] == T, y, K, N, (int)rows, g1_plain)));
         } else if (vec) {
             CU_DISPATCH_WQ(dt, (cu_launch(c, k_gather_gemv<DT, true>, grid, 256, 0,
                                   table, n_w, (const char *)ids->data, ids->stride[0], (int)k,
@@ -958,12 +958,12 @@ int cu_matmul_gather_ep(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, 
         epi.cnt = c->ep_cnt;
     }
     if ((rc = cu_flag_reset(c))) return rc;
-    const cu_wexp none = {NULL, 0, 1.0f, NULL, 0};
     if (cu_fp4_fits(w, n_w, K))
-        cu_gemv_fp4(c, none, table, n_w, ids, (int)k, x, x->shape[0] == T, y, K, N, (int)rows, epi);
+        cu_gemv_fp4(c, g1_no_dense, table, n_w, ids, (int)k, x, x->shape[0] == T, y, K, N,
+                    (int)rows, epi);
     else
-        CU_DISPATCH_WQ(dt, (launch_gemv1<DT>(c, none, table, n_w, ids, (int)k, x, x->shape[0] == T,
-                                             y, K, N, (int)rows, epi)));
+        CU_DISPATCH_WQ(dt, (launch_gemv1<DT>(c, g1_no_dense, table, n_w, ids, (int)k, x,
+                                             x->shape[0] == T, y, K, N, (int)rows, epi)));
     if ((rc = cu_launch_check("matmul_gather_ep (gemv1)"))) return rc;
     int flag = 0;
     if ((rc = cu_flag_read(c, &flag))) return rc;
