@@ -539,6 +539,12 @@ static void test_attention(void **st) {
     check_attention(CN_BF16, 4, 2, 64, 1023, 5);
     check_attention(CN_F32, 4, 1, 32, 511, 2);
     check_attention(CN_F32, 16, 4, 16, 200, 130); /* T * Hq past the split limit: one pass */
+    /* the split kernel's head batches: nano's group of 16, a group of 20 (a batch of 16 and one
+     * of 4), head_dim 256 and one not a multiple of 4 */
+    check_attention(CN_F32, 32, 2, 128, 8191, 1);
+    check_attention(CN_BF16, 40, 2, 64, 700, 3);
+    check_attention(CN_F32, 4, 2, 256, 100, 2);
+    check_attention(CN_F32, 6, 3, 42, 90, 1);
     /* prefill on tensor cores (head_dim 64 / 128): several query tiles, a last one partly past T,
      * key tiles partly past a tile's last query, GQA groups */
     check_attention(CN_F32, 32, 2, 128, 300, 100);
