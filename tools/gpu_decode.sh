@@ -7,7 +7,9 @@
 # back to back in the same run.
 # Usage: sh tools/gpu_decode.sh OUTDIR [bf16 nvfp4 ...]   (logs in OUTDIR; GEN=48 by default;
 # the profile runs for the format PROF, nvfp4 by default, its second decode side at KPROF_CONTEXT
-# tokens of context, 16 by default (8192 against 16: what a long context adds to each kernel);
+# tokens of context, 16 by default (8192 against 16: what a long context adds to each kernel),
+# with PDL and lanes off (CAIRN_CUDA_PDL=0 CAIRN_CUDA_LANES=0: with them a kernel's span includes
+# its wait for the one before and overlaps its neighbours, so the spans do not add up);
 # PLAIN lists the formats also benched without the fused ops, all by default; presets are kept in
 # /tmp between runs)
 out=${1:?usage: gpu_decode.sh OUTDIR [weights...]}
@@ -27,7 +29,7 @@ if cc -O2 -shared -fPIC -I/usr/local/cuda/include tools/kprof.c -o build-cuda/kp
     -lcupti 2>"$out/kprof_build.log"; then
     for w in ${PROF:-nvfp4}; do # decode dominates: short prompts, a long generation
         for f in 1 0; do
-            CAIRN_CUDA_FUSED=$f KPROF_OUT="$out/kprof_${w}_fused$f.txt" \
+            CAIRN_CUDA_PDL=0 CAIRN_CUDA_LANES=0 CAIRN_CUDA_FUSED=$f KPROF_OUT="$out/kprof_${w}_fused$f.txt" \
                 CUDA_INJECTION64_PATH="$PWD/build-cuda/kprof.so" LD_LIBRARY_PATH="$cupti:$LD_LIBRARY_PATH" \
                 timeout 120 build-cuda/cairn bench --backend cuda --preset nano-shape --layers 6 \
                 --weights "$w" --prompt 16 --prompt-short 16 --context "${KPROF_CONTEXT:-16}" \
