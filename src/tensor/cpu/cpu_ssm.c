@@ -43,19 +43,36 @@ static void conv_task(void *arg, int begin, int end) {
         const int laid = K <= CONV_KMAX;
         for (int64_t k = 0; laid && k < K; k++)
             for (int64_t c = 0; c < n; c++) wt[k][c] = cpu_row(j->w, c0 + c)[k];
-        /* tap by tap over a row of channels, each output summed in the order bias, tap 0, ..,
-         * tap K-1: the sums of a channel-by-channel loop, bit for bit */
+        /* each output summed in the order bias, tap 0, .., tap K-1 (the sums of a
+         * channel-by-channel loop, bit for bit), in a register across the taps: adding tap by tap
+         * into the row of y stored and reloaded it K times (6.7 ms for 1024 x 6144, 5x its
+         * memory time) */
         for (int64_t t = 0; t < j->T; t++) {
             float *restrict y = cpu_row(j->y, t) + c0;
+            const float *in[CONV_KMAX];
+            for (int64_t k = 0; laid && k < K; k++) in[k] = conv_row(j, t - K + 1 + k) + c0;
+            if (laid && K == 4) { /* nano's kernel: the taps unrolled, so the loop vectorizes */
+                const float *restrict x0 = in[0], *restrict x1 = in[1], *restrict x2 = in[2],
+                                      *restrict x3 = in[3];
+                for (int64_t c = 0; c < n; c++) {
+                    float v = j->bias ? j->bias[c0 + c] : 0.0f;
+                    v += wt[0][c] * x0[c];
+                    v += wt[1][c] * x1[c];
+                    v += wt[2][c] * x2[c];
+                    v += wt[3][c] * x3[c];
+                    y[c] = v;
+                }
+                continue;
+            }
             for (int64_t c = 0; c < n; c++) y[c] = j->bias ? j->bias[c0 + c] : 0.0f;
             for (int64_t k = 0; k < K; k++) {
-                const float *restrict in = conv_row(j, t - K + 1 + k) + c0;
+                const float *restrict x = conv_row(j, t - K + 1 + k) + c0;
                 if (laid) {
                     const float *restrict w = wt[k];
-                    for (int64_t c = 0; c < n; c++) y[c] += w[c] * in[c];
+                    for (int64_t c = 0; c < n; c++) y[c] += w[c] * x[c];
                 } else {
                     const float *restrict w = cpu_row(j->w, c0) + k;
-                    for (int64_t c = 0; c < n; c++) y[c] += w[c * ws] * in[c];
+                    for (int64_t c = 0; c < n; c++) y[c] += w[c * ws] * x[c];
                 }
             }
         }
