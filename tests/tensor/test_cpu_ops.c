@@ -1544,6 +1544,53 @@ static void test_elementwise(void **state) {
     cn_backend_free(b);
 }
 
+/* silu gives the same bits on every ISA (cpu_exp.h's scalar twin), near the reference over
+ * magnitudes from subnormal to past exp's range, and at the edges: -0 stays -0, below -104 and
+ * -inf give -0, +inf gives +inf, NaN stays NaN. 1000 values: 62 whole vectors and a tail. */
+static void test_silu_isas(void **state) {
+    (void)state;
+    enum { N = 1000 };
+    view x = view_make(1, N, 1);
+    rng r = {41};
+    for (int64_t i = 0; i < N; i++) {
+        const float m = rng_unif(&r, -1, 1) * ldexpf(1.0f, (int)(i % 40) - 30); /* 2^-30..2^9 */
+        *at(&x, 0, i) = m;
+    }
+    const float edge[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -103.9f, -104.0f, -104.5f,
+                          -88.8f, 88.8f, 1e-40f, -1e-40f, FLT_MAX, -FLT_MAX, 20.0f, -20.0f};
+    for (size_t i = 0; i < sizeof edge / sizeof *edge; i++) *at(&x, 0, (int64_t)i) = edge[i];
+    float *got[N_ISA];
+    for (int isa = 0; isa < N_ISA; isa++) {
+        cn_backend *b = backend(2, isa);
+        view y = view_make(1, N, 2);
+        assert_int_equal(cn_op_silu(b, &y.t, &x.t), CN_OK);
+        view_check_pad(&y);
+        got[isa] = view_get(&y);
+        view_free(&y);
+        cn_backend_free(b);
+    }
+    for (int isa = 1; isa < N_ISA; isa++)
+        for (int64_t i = 0; i < N; i++)
+            if (!isnan(got[0][i])) assert_memory_equal(&got[isa][i], &got[0][i], sizeof(float));
+    const float *g = got[0];
+    for (int64_t i = 0; i < N; i++) {
+        const double v = *at(&x, 0, i);
+        if (isnan(v)) {
+            assert_true(isnan(g[i]));
+        } else if (v < -104.0) {
+            assert_true(g[i] == 0.0f && signbit(g[i]));
+        } else if (isinf(v)) {
+            assert_true(g[i] == INFINITY);
+        } else {
+            const double ref = v / (1.0 + exp(-v));
+            assert_true(fabs(g[i] - ref) <= 2e-6 * fabs(ref) + 1e-43);
+            if (v == 0.0) assert_true(!signbit(g[i]) == !signbit(v));
+        }
+    }
+    for (int isa = 0; isa < N_ISA; isa++) free(got[isa]);
+    view_free(&x);
+}
+
 /* ---------------------------------------------------------------- argmax */
 
 /* The greedy pick per row by the sampler's rules (NaN never, +inf as FLT_MAX with ties to the
@@ -1744,7 +1791,7 @@ int main(void) {
         cmocka_unit_test(test_attention_window_threads_agree),
         cmocka_unit_test(test_moe_route),
         cmocka_unit_test(test_moe_combine),
-        cmocka_unit_test(test_elementwise),
+        cmocka_unit_test(test_elementwise), cmocka_unit_test(test_silu_isas),
         cmocka_unit_test(test_argmax),
         cmocka_unit_test(test_memory_alloc_transfer_copy),
         cmocka_unit_test(test_set_rows_and_positioned_step),

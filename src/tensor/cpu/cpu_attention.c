@@ -31,6 +31,7 @@
 
 #include "base/error.h"
 #include "base/fp.h"
+#include "tensor/cpu/cpu_exp.h"
 #include "tensor/cpu/cpu_impl.h"
 
 #define ATT_HB 4   /* generic: query heads per task (they share a kv head) */
@@ -348,25 +349,6 @@ AT_IN void at_row(cn_dtype dt, const char *row, int64_t Dh, int64_t DP, float s,
     for (; d < DP; d++) dst[d] = 0;
 }
 
-/* e^x for x <= 0 (what the softmax feeds it): 2^n * p(r), r = x - n ln 2 in [-ln2/2, ln2/2],
- * p the degree-6 Taylor polynomial (relative error below 2e-7). x below -104 gives 0; NaN stays
- * NaN (maxps returns its second operand when either is NaN). */
-AT_IN __m512 at_exp(__m512 x) {
-    x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723212e-6f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 720);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
-
 /* One head group's softmax over the keys stepped so far: q transposed with the scale folded in,
  * the unnormalised output, and per lane (query head) the running max and normaliser. */
 typedef struct at_state {
@@ -477,7 +459,7 @@ AT_IN void at_step(const cpu_att_args *a, at_state *st, int64_t s, int HB,
     __m512 cm = m;
     for (int i = 0; i < nk; i++) cm = _mm512_max_ps(cm, sc[i]);
     if (_mm512_cmp_ps_mask(cm, m, _CMP_GT_OQ)) { /* a new maximum: rescale what was summed */
-        const __m512 corr = at_exp(_mm512_sub_ps(m, cm)); /* 0 on the first step */
+        const __m512 corr = cpu_exp_le0_16(_mm512_sub_ps(m, cm)); /* 0 on the first step */
         l0 = _mm512_mul_pd(l0, _mm512_cvtps_pd(_mm512_castps512_ps256(corr)));
         l1 = _mm512_mul_pd(l1, _mm512_cvtps_pd(_mm256_castpd_ps(
                                    _mm512_extractf64x4_pd(_mm512_castps_pd(corr), 1))));
@@ -492,7 +474,7 @@ AT_IN void at_step(const cpu_att_args *a, at_state *st, int64_t s, int HB,
     }
     __m512 ls = _mm512_setzero_ps();
     for (int i = 0; i < nk; i++) {
-        const __m512 pi = at_exp(_mm512_sub_ps(sc[i], m));
+        const __m512 pi = cpu_exp_le0_16(_mm512_sub_ps(sc[i], m));
         _mm512_store_ps(p[i], pi);
         ls = _mm512_add_ps(ls, pi);
     }

@@ -119,6 +119,9 @@ typedef struct cpu_kernels {
      * after another. (NULL: ssm_row row by row) */
     void (*ssm_rows8)(float *s, const float *B, const float *C, float dA, const float *dx,
                       int64_t N, float *out);
+    /* y[i] = silu(x[i]) = x[i] sigmoid(x[i]) for i < n, y may be x: the same bits on every ISA
+     * (cpu_elementwise.c, cpu_exp.h). */
+    void (*silu)(float *y, const float *x, int64_t n);
 } cpu_kernels;
 
 typedef struct cpu_ctx {
@@ -157,6 +160,8 @@ void cpu_kernels_scalar(cpu_kernels *k);
 void cpu_kernels_avx2(cpu_kernels *k);
 void cpu_kernels_avx512(cpu_kernels *k, int vnni);
 void cpu_att_heads_avx512(const cpu_att_args *a, int n); /* cpu_attention.c */
+void cpu_silu_scalar(float *y, const float *x, int64_t n);  /* cpu_elementwise.c */
+void cpu_silu_avx512(float *y, const float *x, int64_t n);  /* cpu_elementwise.c */
 void cpu_quant_kernels_scalar(cpu_kernels *k);
 void cpu_quant_kernels_avx2(cpu_kernels *k);
 void cpu_quant_kernels_avx512(cpu_kernels *k, int vnni);

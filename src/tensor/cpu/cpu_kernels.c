@@ -139,6 +139,7 @@ void cpu_kernels_scalar(cpu_kernels *k) {
     k->ssm_row = sc_ssm_row;
     k->att_heads = NULL;
     k->mm_rows = NULL;
+    k->silu = cpu_silu_scalar;
     cpu_quant_kernels_scalar(k);
 }
 
@@ -326,6 +327,7 @@ void cpu_kernels_avx2(cpu_kernels *k) {
     k->ssm_row = a2_ssm_row;
     k->att_heads = NULL;
     k->mm_rows = NULL;
+    k->silu = cpu_silu_scalar;
     cpu_quant_kernels_avx2(k);
 }
 
@@ -683,6 +685,7 @@ void cpu_kernels_avx512(cpu_kernels *k, int vnni) {
     k->ssm_row = a5_ssm_row;
     k->ssm_rows8 = a5_ssm_rows8;
     k->att_heads = cpu_att_heads_avx512;
+    k->silu = cpu_silu_avx512;
     cpu_quant_kernels_avx512(k, vnni);
 }
 

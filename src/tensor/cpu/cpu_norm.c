@@ -9,7 +9,10 @@
 #include "base/error.h"
 #include "tensor/cpu/cpu_impl.h"
 
+#define NORM_GB 256 /* gate values a row takes through the kernel table's silu at a time */
+
 typedef struct norm_job {
+    const cpu_kernels *k;
     const cn_tensor *y, *x, *z; /* z: gate, NULL for plain rmsnorm */
     const float *w;             /* [C] */
     int64_t C, group;
@@ -42,7 +45,12 @@ static void gated_rows(void *arg, int begin, int end) {
     for (int t = begin; t < end; t++) {
         const float *x = cpu_row(j->x, t), *z = cpu_row(j->z, t);
         float *y = cpu_row(j->y, t);
-        for (int64_t i = 0; i < j->C; i++) y[i] = x[i] * (z[i] / (1.0f + expf(-z[i])));
+        for (int64_t i0 = 0; i0 < j->C; i0 += NORM_GB) { /* silu(z) a block at a time */
+            const int64_t n = j->C - i0 < NORM_GB ? j->C - i0 : NORM_GB;
+            float g[NORM_GB];
+            j->k->silu(g, z + i0, n);
+            for (int64_t i = 0; i < n; i++) y[i0 + i] = x[i0 + i] * g[i];
+        }
         for (int64_t g0 = 0; g0 < j->C; g0 += j->group) {
             double ss = 0;
             for (int64_t i = g0; i < g0 + j->group; i++) ss += (double)y[i] * y[i];
@@ -54,8 +62,9 @@ static void gated_rows(void *arg, int begin, int end) {
 
 int cpu_gated_rmsnorm(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *z,
                       const cn_tensor *w, int group, float eps) {
-    norm_job j = {.y = y, .x = x, .z = z, .w = (const float *)w->data, .C = x->shape[1],
-                  .group = group, .eps = eps};
-    cpu_parallel_rows(cpu_ctx_of(b), (int)x->shape[0], x->shape[0] * x->shape[1] * 16, gated_rows, &j);
+    cpu_ctx *c = cpu_ctx_of(b);
+    norm_job j = {.k = &c->kern, .y = y, .x = x, .z = z, .w = (const float *)w->data,
+                  .C = x->shape[1], .group = group, .eps = eps};
+    cpu_parallel_rows(c, (int)x->shape[0], x->shape[0] * x->shape[1] * 16, gated_rows, &j);
     return CN_OK;
 }
