@@ -773,16 +773,20 @@ static void test_ssm_scan_reference(void **state) {
     cn_backend_free(b);
 }
 
-/* A scan's later tokens step 8 state rows side by side where the ISA has that kernel (P >= 8,
- * N a multiple of 16), its first token row by row: the same bits as token-by-token calls, which
- * go row by row only, on every ISA. */
+static void check_scan_caps(cn_backend *b, ssm_case *sc, const int *rows, int n);
+
+/* A scan's later tokens step 8 state rows side by side, or 4 rows through 4 tokens at a time,
+ * where the ISA has those kernels (N a multiple of 16), its first token row by row: the same
+ * bits as token-by-token calls, which go row by row only, on every ISA. 5 tokens: one block of
+ * 4 after the first; 14: three blocks and a single token. Then, at 14 tokens, captures inside
+ * and at the ends of blocks against the scan cut there. */
 static void test_ssm_scan_rows8_equal_steps(void **state) {
     (void)state;
-    for (int isa = 0; isa < N_ISA; isa++) {
-        cn_backend *b = backend(3, isa);
+    for (int isa = 0; isa < 2 * N_ISA; isa++) {
+        cn_backend *b = backend(3, isa % N_ISA);
         rng r = {15};
         ssm_case s;
-        ssm_case_init(&s, &r, 4, 20, 2, 32, 5); /* 20 rows a head: two runs of 8, then 4 */
+        ssm_case_init(&s, &r, 4, 20, 2, 32, isa < N_ISA ? 5 : 14); /* 20 rows a head */
         const size_t n = (size_t)s.H * s.P * s.N;
         float *st = malloc(n * sizeof(float)), *st2 = malloc(n * sizeof(float));
         memcpy(st, s.state0, n * sizeof(float));
@@ -792,6 +796,11 @@ static void test_ssm_scan_rows8_equal_steps(void **state) {
         for (int t = 0; t < s.T; t++) assert_int_equal(ssm_run(b, &s, &y2, st2, t, t + 1, 0), CN_OK);
         assert_true(views_equal(&y, &y2));
         assert_memory_equal(st, st2, n * sizeof(float));
+        if (s.T == 14) {
+            const int sets[3][3] = {{3, 5, 9}, {6, 0, 0}, {2, 7, 13}};
+            const int n_sets[3] = {3, 1, 3};
+            for (int si = 0; si < 3; si++) check_scan_caps(b, &s, sets[si], n_sets[si]);
+        }
         free(st);
         free(st2);
         view_free(&y);

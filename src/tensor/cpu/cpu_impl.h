@@ -119,6 +119,12 @@ typedef struct cpu_kernels {
      * after another. (NULL: ssm_row row by row) */
     void (*ssm_rows8)(float *s, const float *B, const float *C, float dA, const float *dx,
                       int64_t N, float *out);
+    /* ssm_row for 4 consecutive rows s + i N over 4 consecutive tokens u: B[u], C[u], dA[u],
+     * dx[4 u + i] into out[4 u + i], N % 16 == 0. Token u's row i gets the bits ssm_row gives it
+     * after tokens 0..u-1; the rows' state stays in registers across the 4 tokens, read and
+     * written once instead of 4 times. (NULL: token by token) */
+    void (*ssm_rows4x4)(float *s, const float *const *B, const float *const *C, const float *dA,
+                        const float *dx, int64_t N, float *out);
     /* y[i] = silu(x[i]) = x[i] sigmoid(x[i]) for i < n, y may be x: the same bits on every ISA
      * (cpu_elementwise.c, cpu_exp.h). */
     void (*silu)(float *y, const float *x, int64_t n);

@@ -677,6 +677,36 @@ A5_FN static void a5_ssm_rows8(float *s, const float *B, const float *C, float d
     _mm256_storeu_ps(out, a5_hsum8(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]));
 }
 
+A5_FN static void a5_ssm_rows4x4(float *s, const float *const *B, const float *const *C,
+                                 const float *dA, const float *dx, int64_t N, float *out) {
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; u++)
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) acc[u][i] = _mm512_setzero_ps();
+    for (int64_t n = 0; n < N; n += 16) {
+        __m512 sv[4];
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) sv[i] = _mm512_loadu_ps(s + i * N + n);
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; u++) { /* a5_ssm_row's operations, token u */
+            const __m512 b = _mm512_loadu_ps(B[u] + n), c = _mm512_loadu_ps(C[u] + n);
+            const __m512 va = _mm512_set1_ps(dA[u]);
+#pragma GCC unroll 4
+            for (int i = 0; i < 4; i++) {
+                sv[i] = _mm512_fmadd_ps(sv[i], va, _mm512_mul_ps(_mm512_set1_ps(dx[4 * u + i]), b));
+                acc[u][i] = _mm512_fmadd_ps(sv[i], c, acc[u][i]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < 4; i++) _mm512_storeu_ps(s + i * N + n, sv[i]);
+    }
+    _mm256_storeu_ps(out, a5_hsum8(acc[0][0], acc[0][1], acc[0][2], acc[0][3], acc[1][0], acc[1][1],
+                                   acc[1][2], acc[1][3]));
+    _mm256_storeu_ps(out + 8, a5_hsum8(acc[2][0], acc[2][1], acc[2][2], acc[2][3], acc[3][0],
+                                       acc[3][1], acc[3][2], acc[3][3]));
+}
+
 void cpu_kernels_avx512(cpu_kernels *k, int vnni) {
     /* Short rows (attention's head_dim) gain little from 16 lanes: keep the AVX2 dot/axpy. */
     cpu_kernels_avx2(k);
@@ -684,6 +714,7 @@ void cpu_kernels_avx512(cpu_kernels *k, int vnni) {
     k->mm_rows = a5_rows_bf16;
     k->ssm_row = a5_ssm_row;
     k->ssm_rows8 = a5_ssm_rows8;
+    k->ssm_rows4x4 = a5_ssm_rows4x4;
     k->att_heads = cpu_att_heads_avx512;
     k->silu = cpu_silu_avx512;
     cpu_quant_kernels_avx512(k, vnni);

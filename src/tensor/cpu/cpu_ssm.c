@@ -171,6 +171,32 @@ static void scan_rows(const scan_job *j, int h, float A, float Dh, float dtb, in
     }
 }
 
+/* Tokens t..t+3 of head h in S, 4 rows at a time through ssm_rows4x4: each row's state is read
+ * and written once for the 4 tokens instead of once per token (prefill's scan was bound by those
+ * stores). The operations, and so the bits, are the token-by-token walk's. */
+static void scan_tokens4(const scan_job *j, int h, float A, float Dh, float dtb, int64_t g,
+                         float *S, int64_t t) {
+    const int64_t P = j->a->head_dim, N = j->a->d_state;
+    float dtv[4], dA[4];
+    const float *xh[4], *Bg[4], *Cg[4];
+    float *yh[4];
+    for (int u = 0; u < 4; u++) {
+        scan_dt(j, h, t + u, A, dtb, &dtv[u], &dA[u]);
+        xh[u] = cpu_row(j->x, t + u) + h * P;
+        Bg[u] = cpu_row(j->B, t + u) + g * N;
+        Cg[u] = cpu_row(j->C, t + u) + g * N;
+        yh[u] = cpu_row(j->y, t + u) + h * P;
+    }
+    for (int64_t p = 0; p < P; p += 4) {
+        float dx[16], r[16];
+        for (int u = 0; u < 4; u++)
+            for (int i = 0; i < 4; i++) dx[4 * u + i] = dtv[u] * xh[u][p + i];
+        j->c->kern.ssm_rows4x4(S + p * N, Bg, Cg, dA, dx, N, r);
+        for (int u = 0; u < 4; u++)
+            for (int i = 0; i < 4; i++) yh[u][p + i] = r[4 * u + i] + Dh * xh[u][p + i];
+    }
+}
+
 static void scan_heads(void *arg, int begin, int end) {
     const scan_job *j = arg;
     const cn_ssm_args *a = j->a;
@@ -189,7 +215,17 @@ static void scan_heads(void *arg, int begin, int end) {
         }
         if (F != S) memcpy(S, F, (size_t)(P * N) * sizeof(float));
         int next = 0; /* the next capture */
+        const int x4 = j->c->kern.ssm_rows4x4 && N % 16 == 0 && P % 4 == 0;
         for (int64_t t = 0; t < j->T; t++) {
+            if (t > 0 && x4 && t + 4 <= j->T &&
+                !(j->caps && next < j->caps->n && j->caps->rows[next] < t + 4)) {
+                scan_tokens4(j, h, A, Dh, dtb, g, S, t);
+                t += 3;
+                if (j->caps && next < j->caps->n && j->caps->rows[next] == t + 1)
+                    memcpy(head_state(j, j->caps->states[next++], h), S,
+                           (size_t)(P * N) * sizeof(float));
+                continue;
+            }
             float dtv, dA;
             scan_dt(j, h, t, A, dtb, &dtv, &dA);
             const float *xh = cpu_row(j->x, t) + h * P;
