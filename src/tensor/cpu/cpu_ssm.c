@@ -49,11 +49,11 @@ static void conv_task(void *arg, int begin, int end) {
          * memory time) */
         for (int64_t t = 0; t < j->T; t++) {
             float *restrict y = cpu_row(j->y, t) + c0;
-            const float *in[CONV_KMAX];
-            for (int64_t k = 0; laid && k < K; k++) in[k] = conv_row(j, t - K + 1 + k) + c0;
             if (laid && K == 4) { /* nano's kernel: the taps unrolled, so the loop vectorizes */
-                const float *restrict x0 = in[0], *restrict x1 = in[1], *restrict x2 = in[2],
-                                      *restrict x3 = in[3];
+                const float *restrict x0 = conv_row(j, t - 3) + c0;
+                const float *restrict x1 = conv_row(j, t - 2) + c0;
+                const float *restrict x2 = conv_row(j, t - 1) + c0;
+                const float *restrict x3 = conv_row(j, t) + c0;
                 for (int64_t c = 0; c < n; c++) {
                     float v = j->bias ? j->bias[c0 + c] : 0.0f;
                     v += wt[0][c] * x0[c];
@@ -66,13 +66,13 @@ static void conv_task(void *arg, int begin, int end) {
             }
             for (int64_t c = 0; c < n; c++) y[c] = j->bias ? j->bias[c0 + c] : 0.0f;
             for (int64_t k = 0; k < K; k++) {
-                const float *restrict x = conv_row(j, t - K + 1 + k) + c0;
+                const float *restrict in = conv_row(j, t - K + 1 + k) + c0;
                 if (laid) {
                     const float *restrict w = wt[k];
-                    for (int64_t c = 0; c < n; c++) y[c] += w[c] * x[c];
+                    for (int64_t c = 0; c < n; c++) y[c] += w[c] * in[c];
                 } else {
                     const float *restrict w = cpu_row(j->w, c0) + k;
-                    for (int64_t c = 0; c < n; c++) y[c] += w[c * ws] * x[c];
+                    for (int64_t c = 0; c < n; c++) y[c] += w[c * ws] * in[c];
                 }
             }
         }
@@ -171,6 +171,31 @@ static void scan_rows(const scan_job *j, int h, float A, float Dh, float dtb, in
     }
 }
 
+/* Token t of head h in S: S = S*dA + dt*x B^T; y = S C + D x. The first token streams the
+ * head's state from memory row by row, in the order the prefetchers follow; later tokens find it
+ * in cache, where 8 rows side by side beat one latency chain after another. */
+static void scan_token(const scan_job *j, int h, float A, float Dh, float dtb, int64_t g, float *S,
+                       int64_t t) {
+    const int64_t P = j->a->head_dim, N = j->a->d_state;
+    float dtv, dA;
+    scan_dt(j, h, t, A, dtb, &dtv, &dA);
+    const float *xh = cpu_row(j->x, t) + h * P;
+    const float *Bg = cpu_row(j->B, t) + g * N;
+    const float *Cg = cpu_row(j->C, t) + g * N;
+    float *yh = cpu_row(j->y, t) + h * P;
+    int64_t p = 0;
+    for (; t > 0 && j->c->kern.ssm_rows8 && N % 16 == 0 && p + 8 <= P; p += 8) {
+        float dx[8], r[8];
+        for (int i = 0; i < 8; i++) dx[i] = dtv * xh[p + i];
+        j->c->kern.ssm_rows8(S + p * N, Bg, Cg, dA, dx, N, r);
+        for (int i = 0; i < 8; i++) yh[p + i] = r[i] + Dh * xh[p + i];
+    }
+    for (; p < P; p++) {
+        const float xv = xh[p];
+        yh[p] = j->c->kern.ssm_row(S + p * N, Bg, Cg, dA, dtv * xv, N) + Dh * xv;
+    }
+}
+
 /* Tokens t..t+3 of head h in S, 4 rows at a time through ssm_rows4x4: each row's state is read
  * and written once for the 4 tokens instead of once per token (prefill's scan was bound by those
  * stores). The operations, and so the bits, are the token-by-token walk's. */
@@ -216,38 +241,18 @@ static void scan_heads(void *arg, int begin, int end) {
         if (F != S) memcpy(S, F, (size_t)(P * N) * sizeof(float));
         int next = 0; /* the next capture */
         const int x4 = j->c->kern.ssm_rows4x4 && N % 16 == 0 && P % 4 == 0;
-        for (int64_t t = 0; t < j->T; t++) {
-            if (t > 0 && x4 && t + 4 <= j->T &&
-                !(j->caps && next < j->caps->n && j->caps->rows[next] < t + 4)) {
+        for (int64_t t = 0; t < j->T;) {
+            const int64_t cap = j->caps && next < j->caps->n ? j->caps->rows[next] : j->T + 1;
+            if (t > 0 && x4 && t + 4 <= j->T && cap >= t + 4) { /* no capture inside the block */
                 scan_tokens4(j, h, A, Dh, dtb, g, S, t);
-                t += 3;
-                if (j->caps && next < j->caps->n && j->caps->rows[next] == t + 1)
-                    memcpy(head_state(j, j->caps->states[next++], h), S,
-                           (size_t)(P * N) * sizeof(float));
-                continue;
+                t += 4;
+            } else {
+                scan_token(j, h, A, Dh, dtb, g, S, t);
+                t += 1;
             }
-            float dtv, dA;
-            scan_dt(j, h, t, A, dtb, &dtv, &dA);
-            const float *xh = cpu_row(j->x, t) + h * P;
-            const float *Bg = cpu_row(j->B, t) + g * N;
-            const float *Cg = cpu_row(j->C, t) + g * N;
-            float *yh = cpu_row(j->y, t) + h * P;
-            /* S = S*dA + dt*x B^T; y = S C + D x. The first token streams the head's state from
-             * memory row by row, in the order the prefetchers follow; later tokens find it in
-             * cache, where 8 rows side by side beat one latency chain after another. */
-            int64_t p = 0;
-            for (; t > 0 && j->c->kern.ssm_rows8 && N % 16 == 0 && p + 8 <= P; p += 8) {
-                float dx[8], r[8];
-                for (int i = 0; i < 8; i++) dx[i] = dtv * xh[p + i];
-                j->c->kern.ssm_rows8(S + p * N, Bg, Cg, dA, dx, N, r);
-                for (int i = 0; i < 8; i++) yh[p + i] = r[i] + Dh * xh[p + i];
-            }
-            for (; p < P; p++) {
-                const float xv = xh[p];
-                yh[p] = j->c->kern.ssm_row(S + p * N, Bg, Cg, dA, dtv * xv, N) + Dh * xv;
-            }
-            if (j->caps && next < j->caps->n && j->caps->rows[next] == t + 1)
-                memcpy(head_state(j, j->caps->states[next++], h), S, (size_t)(P * N) * sizeof(float));
+            if (cap == t)
+                memcpy(head_state(j, j->caps->states[next++], h), S,
+                       (size_t)(P * N) * sizeof(float));
         }
     }
 }
