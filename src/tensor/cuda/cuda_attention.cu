@@ -30,13 +30,16 @@
 #define ATT_WARPS 4
 #define ATT_MAX_DH 256
 #define ATT_PER_LANE (ATT_MAX_DH / 32)
-#define ATT_SPLIT_KEYS 32         /* keys per span of a split call, at least: one chunk */
 #define ATT_SPLIT_SPANS 256       /* spans of a split call, at most (longer spans beyond) */
 #define ATT_SPLIT_MAX_ITEMS 2048  /* (query, head) pairs below which calls are split */
 #define ATT_CHUNK 32              /* keys a split block stages at a time: one per lane */
+#define ATT_SPLIT_KEYS ATT_CHUNK  /* keys per span of a split call, at least */
 #define ATT_HPW 4                 /* query heads per warp of a split block */
 #define ATT_GROUP_HEADS (ATT_WARPS * ATT_HPW) /* query heads per split block */
 #define ATT_MERGE_WARPS 8         /* warps of a merge block, each summing every 8th span */
+/* a positioned step's bucket (spans rounded up to a power of two) stays within the merge's
+ * shared arrays of ATT_SPLIT_SPANS */
+static_assert((ATT_SPLIT_SPANS & (ATT_SPLIT_SPANS - 1)) == 0, "ATT_SPLIT_SPANS: a power of two");
 
 typedef struct att_args {
     char *out;
@@ -333,6 +336,11 @@ static int launch_v(cu_ctx *c, const att_args &a, cn_dtype vd, unsigned blocks) 
     return cu_launch_check("attention");
 }
 
+/* The split kernel of dtype DT for heads of Dh4 values: 4 or 8 of them per lane. */
+template <int DT> static void (*split_kernel(int Dh4))(att_args) {
+    return Dh4 <= 128 ? k_attention_split<DT, 4> : k_attention_split<DT, 8>;
+}
+
 /* The split kernel for the cache's dtype and a.Dh, its shared memory raised past the 48 KiB
  * default where it needs more, then the merge. */
 static int launch_split(cu_ctx *c, const att_args &a, cn_dtype dt) {
@@ -343,12 +351,10 @@ static int launch_split(cu_ctx *c, const att_args &a, cn_dtype dt) {
     const dim3 grid((unsigned)(a.T * Hkv * nbatch), (unsigned)a.spans);
     void (*k)(att_args) = NULL;
     switch (dt) {
-    case CN_F32: k = Dh4 <= 128 ? k_attention_split<CN_F32, 4> : k_attention_split<CN_F32, 8>; break;
-    case CN_BF16: k = Dh4 <= 128 ? k_attention_split<CN_BF16, 4> : k_attention_split<CN_BF16, 8>; break;
-    case CN_F16: k = Dh4 <= 128 ? k_attention_split<CN_F16, 4> : k_attention_split<CN_F16, 8>; break;
-    case CN_F8_E4M3:
-        k = Dh4 <= 128 ? k_attention_split<CN_F8_E4M3, 4> : k_attention_split<CN_F8_E4M3, 8>;
-        break;
+    case CN_F32: k = split_kernel<CN_F32>(Dh4); break;
+    case CN_BF16: k = split_kernel<CN_BF16>(Dh4); break;
+    case CN_F16: k = split_kernel<CN_F16>(Dh4); break;
+    case CN_F8_E4M3: k = split_kernel<CN_F8_E4M3>(Dh4); break;
     default: return CN_EUNSUPPORTED;
     }
     if (smem > 48 * 1024) {
@@ -406,8 +412,7 @@ int cu_attention(cn_backend *b, cn_tensor *out, const cn_tensor *q, const cn_ten
             const int64_t top = spans * keys - T - a.n_past;
             if (top < c->pos_max) c->pos_max = top;
         }
-        if (spans > 65535) return CN_EUNSUPPORTED;
-        a.spans = (int)spans;
+        a.spans = (int)spans; /* <= ATT_SPLIT_SPANS, the bucket too */
         a.span_keys = (int)keys;
         a.part = (float *)cu_scratch(c, (size_t)(T * n_heads * spans * (Dh + 2)) * sizeof(float));
         if (!a.part) return CN_ENOMEM;
