@@ -159,7 +159,9 @@ int cn_cli_open_model_progress(const char *dir, const char *backend, int threads
         fprintf(stderr, "cairn: --backend %s: %s\n", backend, err.msg);
         return err.code ? err.code : CN_EINVAL;
     }
-    cn_model_opts o = {.ubatch = ubatch, .on_stage = p ? on_stage : NULL, .stage_ctx = p};
+    const char *apart = getenv("CAIRN_SHARED_APART");
+    cn_model_opts o = {.ubatch = ubatch, .on_stage = p ? on_stage : NULL, .stage_ctx = p,
+                       .shared_apart = apart && !strcmp(apart, "1")};
     int rc = cn_model_open(m, dir, *b, &o, &err);
     if (rc) {
         cn_cli_progress_clear(p);

@@ -44,6 +44,25 @@ static int alloc_f32(cn_backend *b, cn_tensor *t, int64_t r, int64_t c) {
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
+/* Columns k .. k + P - 1 of every row of the route scratch: the ids E .. E + P - 1 of the shared
+ * expert's parts and their weights 1 (the router writes columns 0 .. k - 1 only). */
+static int fill_parts(cn_backend *b, cn_scratch *s, int64_t U, int64_t k, int64_t P, int64_t E) {
+    const int64_t kp = k + P;
+    int32_t *ids = calloc((size_t)(U * kp), sizeof *ids);
+    float *wt = calloc((size_t)(U * kp), sizeof *wt);
+    int rc = ids && wt ? CN_OK : CN_ENOMEM;
+    for (int64_t t = 0; !rc && t < U; t++)
+        for (int64_t p = 0; p < P; p++) {
+            ids[t * kp + k + p] = (int32_t)(E + p);
+            wt[t * kp + k + p] = 1.0f;
+        }
+    if (!rc) rc = cn_backend_upload(b, &s->rids, 0, ids, (uint64_t)(U * kp) * sizeof *ids);
+    if (!rc) rc = cn_backend_upload(b, &s->rw, 0, wt, (uint64_t)(U * kp) * sizeof *wt);
+    free(ids);
+    free(wt);
+    return rc;
+}
+
 static int alloc_scratch(cn_model *m) {
     const cn_config *c = &m->cfg;
     cn_scratch *s = &m->s;
@@ -66,14 +85,18 @@ static int alloc_scratch(cn_model *m) {
     if (!rc) rc = alloc_f32(b, &s->proj, U, max64(wide, 1));
     if (!rc) rc = alloc_f32(b, &s->conv, U, max64(m->conv_dim, 1));
     if (!rc) rc = alloc_f32(b, &s->y, U, max64(ywide, 1));
+    /* routes: the router's k choices, then the shared expert's parts (cn_moe_w), always chosen
+     * with weight 1: those columns are written once, here */
+    const int64_t P = cn_moe_parts_of(c), kp = k + P;
     if (!rc) rc = alloc_f32(b, &s->rlogits, U, E);
     if (!rc) {
-        s->rids = cn_tensor_2d(CN_I32, U, k, NULL);
+        s->rids = cn_tensor_2d(CN_I32, U, kp, NULL);
         rc = cn_backend_alloc(b, &s->rids);
     }
-    if (!rc) rc = alloc_f32(b, &s->rw, U, k);
-    if (!rc) rc = alloc_f32(b, &s->eh, U * k, max64(c->moe_intermediate_size, 1));
-    if (!rc) rc = alloc_f32(b, &s->eo, U * k, H);
+    if (!rc) rc = alloc_f32(b, &s->rw, U, kp);
+    if (!rc && P) rc = fill_parts(b, s, U, k, P, E);
+    if (!rc) rc = alloc_f32(b, &s->eh, U * kp, max64(c->moe_intermediate_size, 1));
+    if (!rc) rc = alloc_f32(b, &s->eo, U * kp, H);
     if (!rc) rc = alloc_f32(b, &s->cat, U, 2 * H);
     if (!rc) rc = alloc_f32(b, &s->logits, s->logit_rows, c->vocab_size);
     if (!rc) {
@@ -101,6 +124,7 @@ int cn_model_open(cn_model **out, const char *dir, cn_backend *b, const cn_model
     cn_model *m = calloc(1, sizeof *m);
     if (!m) return cn_err_set(err, CN_ENOMEM, "out of memory");
     m->b = b;
+    m->shared_apart = opts && opts->shared_apart;
     int gpu = strcmp(cn_backend_name(b), "cpu") != 0;
     m->s.ubatch = opts && opts->ubatch > 0 ? opts->ubatch
                   : gpu                   ? CN_UBATCH_DEFAULT_GPU
@@ -160,6 +184,12 @@ const cn_config *cn_model_config(const cn_model *m) { return &m->cfg; }
 cn_backend *cn_model_backend(const cn_model *m) { return m->b; }
 int cn_model_has_mtp(const cn_model *m) { return m->w.has_mtp; }
 int cn_model_ubatch(const cn_model *m) { return m->s.ubatch; }
+int cn_model_folded_moe_layers(const cn_model *m) {
+    int n = 0;
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        n += m->w.layers[l].type == CN_BLOCK_MOE && m->w.layers[l].moe.n_parts > 0;
+    return n;
+}
 uint64_t cn_model_identity(const cn_model *m) { return m->identity; }
 
 /* ---- mixers ---------------------------------------------------------------------------------- */
@@ -412,43 +442,51 @@ static int swa_mixer(cn_model *m, const cn_attn_w *w, cn_layer_state *ls, int sw
 }
 
 /* MOE(in) -> out: sigmoid router with correction bias, relu² experts, unscaled shared expert.
- * With acc both expert sums are added into out in turn, the routed one by the down products'
- * own epilogue where the backend fuses it (moe_combine and the add in one launch); the shared
+ * With the shared expert folded into the expert tables (cn_moe_w.n_parts), each token's k routes
+ * are followed by its parts, so one gathered product runs every up projection and one every down
+ * projection, and the weighted sum over the k + n_parts rows is the MoE's output. Otherwise, with
+ * acc, both expert sums are added into out in turn, the routed one by the down products' own
+ * epilogue where the backend fuses it (moe_combine and the add in one launch); the shared
  * expert's up product reads the input before that. */
 static int moe_mixer(cn_model *m, const cn_moe_w *w, cn_tensor *out, int acc, mix_in *in, int T) {
     const cn_config *c = &m->cfg;
     cn_backend *b = m->b;
     cn_scratch *s = &m->s;
-    int64_t k = c->n_experts_per_tok;
+    const int64_t k = c->n_experts_per_tok, kp = k + w->n_parts;
+    const int n_w = c->n_routed_experts + w->n_parts;
     cn_route_args ra = {.top_k = (int)k, .n_group = c->n_group, .topk_group = c->topk_group,
                         .norm_topk = c->norm_topk_prob, .scaling = c->routed_scaling_factor};
-    cn_tensor rl = rows(&s->rlogits, T), ids = rows(&s->rids, T), rw = rows(&s->rw, T);
-    cn_tensor eh = rows(&s->eh, T * k), eo = rows(&s->eo, T * k);
+    cn_tensor rl = rows(&s->rlogits, T), ids_all = rows(&s->rids, T), rw_all = rows(&s->rw, T);
+    cn_tensor ids = cn_tensor_cols(&ids_all, 0, kp), rw = cn_tensor_cols(&rw_all, 0, kp);
+    cn_tensor rids = cn_tensor_cols(&ids_all, 0, k), rrw = cn_tensor_cols(&rw_all, 0, k);
+    cn_tensor eh = rows(&s->eh, T * kp), eo = rows(&s->eo, T * kp);
     cn_tensor sh = rows(&s->proj, T), so = rows(&s->tmp, T);
     sh.shape[1] = c->moe_shared_intermediate_size;
+    const int shared_apart = w->has_shared && !w->n_parts;
     /* a decode token's routing and routed up on a side lane beside the shared up (backend.h
      * lanes), joined on every path, an error too */
-    int rc = fork_decode(b, T);
+    int rc = shared_apart ? fork_decode(b, T) : CN_OK;
     if (rc) return rc;
     rc = mm_in(m, in, &rl, &w->gate, 0);                              /* router logits, fp32 */
-    if (!rc) rc = cn_op_moe_route(b, &ids, &rw, &rl, w->bias.data ? &w->bias : NULL, &ra);
-    if (!rc) rc = mm_gather_in(m, in, &eh, w->up_p, c->n_routed_experts, &ids, CN_EP_RELU2);
-    if (!rc) rc = cn_backend_back(b);
-    if (!rc && w->has_shared) rc = mm_in(m, in, &sh, &w->shared_up, CN_EP_RELU2);
-    const int j = cn_backend_join(b);
+    if (!rc) rc = cn_op_moe_route(b, &rids, &rrw, &rl, w->bias.data ? &w->bias : NULL, &ra);
+    if (!rc) rc = mm_gather_in(m, in, &eh, w->up_p, n_w, &ids, CN_EP_RELU2);
+    if (shared_apart) {
+        if (!rc) rc = cn_backend_back(b);
+        if (!rc) rc = mm_in(m, in, &sh, &w->shared_up, CN_EP_RELU2);
+        const int j = cn_backend_join(b);
+        if (!rc) rc = j;
+    }
     CHECK(rc);
-    CHECK(j);
     const cn_mm_ep comb = {.ep = CN_EP_ACC, .weights = &rw};
-    rc = acc ? cn_op_matmul_gather_ep(b, out, w->down_p, c->n_routed_experts, &eh, &ids, &comb)
-                 : CN_EUNSUPPORTED;
+    rc = acc ? cn_op_matmul_gather_ep(b, out, w->down_p, n_w, &eh, &ids, &comb) : CN_EUNSUPPORTED;
     if (rc == CN_EUNSUPPORTED) {
         cn_tensor o = acc ? rows(&s->out, T) : *out;
-        CHECK(cn_op_matmul_gather(b, &eo, w->down_p, c->n_routed_experts, &eh, &ids));
+        CHECK(cn_op_matmul_gather(b, &eo, w->down_p, n_w, &eh, &ids));
         rc = cn_op_moe_combine(b, &o, &eo, &rw);                      /* sum_j w_j expert_j */
         if (!rc && acc) rc = cn_op_add(b, out, out, &o);
     }
     CHECK(rc);
-    if (!w->has_shared) return CN_OK;
+    if (!shared_apart) return CN_OK;
     if (acc) return matmul_out(m, 1, out, &w->shared_down, &sh);      /* shared expert, unscaled */
     CHECK(cn_op_matmul(b, &so, &w->shared_down, &sh));
     return cn_op_add(b, out, out, &so);                               /* shared expert, unscaled */

@@ -61,6 +61,9 @@ typedef struct cn_model_opts {
                  * CN_UBATCH_DEFAULT_GPU on a backend other than cpu */
     cn_load_stage_fn on_stage; /* (optional) */
     void *stage_ctx;
+    int shared_apart; /* 1: a MoE's shared expert runs as two products of its own instead of as
+                       * more experts of the routed ones' tables (the form before that fold,
+                       * kept to compare the two; the CLI sets it from CAIRN_SHARED_APART=1) */
 } cn_model_opts;
 
 /* A whole-state snapshot at one offset: every Mamba layer's conv tail and SSM state, and every
@@ -142,6 +145,9 @@ int cn_model_ubatch(const cn_model *m);
 uint64_t cn_model_identity(const cn_model *m);
 /* The same identity from a directory, without loading the model (maps the safetensors only). */
 int cn_model_identity_dir(const char *dir, uint64_t *out, cn_err *err);
+/* How many MoE layers run their shared expert as more experts of the routed ones' tables
+ * (cn_model_opts.shared_apart; a layer whose formats differ keeps it apart). */
+int cn_model_folded_moe_layers(const cn_model *m);
 
 /* Parameter and byte counts by dtype, for `cairn info`. bytes[] is indexed by cn_dtype. */
 typedef struct cn_model_stats {

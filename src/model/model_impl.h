@@ -29,15 +29,26 @@ typedef struct cn_attn_w {
     cn_tensor o;       /* [H, n_heads*head_dim] */
 } cn_attn_w;
 
+#define CN_MOE_MAX_PARTS 4 /* pieces of the shared expert folded into the expert tables */
+
 typedef struct cn_moe_w {
     cn_tensor gate;            /* [E, H], router weight */
     cn_tensor bias;            /* [E] F32 (owned) e_score_correction_bias; data NULL if absent */
     cn_tensor *up, *down;      /* [E] each [I, H] and [H, I] (array owned) */
-    const cn_tensor **up_p;    /* [E] pointers into up (for matmul_gather) */
-    const cn_tensor **down_p;  /* [E] pointers into down */
+    const cn_tensor **up_p;    /* [E + CN_MOE_MAX_PARTS] pointers into up, then the parts (for
+                                * matmul_gather) */
+    const cn_tensor **down_p;  /* the same into down */
     int has_shared;
     cn_tensor shared_up;       /* [Is, H] */
     cn_tensor shared_down;     /* [H, Is] */
+    /* The shared expert as n_parts more experts E .. E + n_parts - 1 of up_p and down_p, which
+     * every token takes with weight 1 (cn_moe_fold_shared): part i is rows [i I, (i + 1) I) of
+     * shared_up and those columns of shared_down, so its relu² rows are the shared expert's and
+     * its down products sum to the shared expert's output. 0 when the shape or the formats do
+     * not allow one table (the shared expert then runs as two products of its own). */
+    int n_parts;
+    cn_tensor part_up[CN_MOE_MAX_PARTS], part_down[CN_MOE_MAX_PARTS];
+    cn_tensor part_up_bs[CN_MOE_MAX_PARTS], part_down_bs[CN_MOE_MAX_PARTS]; /* their scales */
 } cn_moe_w;
 
 typedef struct cn_mlp_w {
@@ -121,6 +132,7 @@ struct cn_model {
     int n_swa;             /* sliding-window attention layers among cfg.layers */
     int d_inner, conv_dim, in_proj_dim;
     uint64_t identity;     /* cn_model_identity */
+    int shared_apart;      /* cn_model_opts.shared_apart: no MoE folds its shared expert */
 };
 
 /* The scan parameters of a Mamba layer's weights. */
@@ -139,6 +151,13 @@ int cn_model_bind_weights(cn_model *m, cn_err *err);
 void cn_model_unbind_weights(cn_model *m);
 /* The arrays a layer's weights own (a MoE's expert tables); the tensors are not touched. */
 void cn_model_free_layer(cn_layer_w *l);
+/* How many parts the config's shared expert folds into (cn_moe_w.n_parts when the formats allow
+ * it): moe_shared_intermediate_size / moe_intermediate_size when that divides evenly into at
+ * most CN_MOE_MAX_PARTS, else 0. */
+int cn_moe_parts_of(const cn_config *c);
+/* Sets w->n_parts and the parts (cn_moe_w) from w's shared and routed experts, whose tables must
+ * hold E + CN_MOE_MAX_PARTS entries; call again after w's tensors move (a copied layer). */
+void cn_moe_fold_shared(const cn_model *m, cn_moe_w *w);
 /* mtp_draft.c: releases the drafting copy (safe when there is none). */
 void cn_model_mtp_draft_free(cn_model *m);
 /* identity.c: the identity of the checkpoint in dir whose tensors st maps. */

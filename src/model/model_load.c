@@ -304,8 +304,8 @@ static int bind_moe(cn_model *m, cn_moe_w *w, const char *p, cn_err *err) {
     }
     w->up = calloc((size_t)E, sizeof *w->up);
     w->down = calloc((size_t)E, sizeof *w->down);
-    w->up_p = calloc((size_t)E, sizeof *w->up_p);
-    w->down_p = calloc((size_t)E, sizeof *w->down_p);
+    w->up_p = calloc((size_t)(E + CN_MOE_MAX_PARTS), sizeof *w->up_p);
+    w->down_p = calloc((size_t)(E + CN_MOE_MAX_PARTS), sizeof *w->down_p);
     if (!w->up || !w->down || !w->up_p || !w->down_p) return cn_err_set(err, CN_ENOMEM, "out of memory");
     for (int64_t e = 0; e < E; e++) {
         if ((rc = bind_matrix(m, &w->up[e], join(n, p, (FMT(suf, "experts.%lld.up_proj.weight", (long long)e), suf)), I, H, err)))
@@ -323,7 +323,35 @@ static int bind_moe(cn_model *m, cn_moe_w *w, const char *p, cn_err *err) {
         if ((rc = bind_matrix(m, &w->shared_down, join(n, p, "shared_experts.down_proj.weight"), H, Is, err)))
             return rc;
     }
+    cn_moe_fold_shared(m, w);
     return CN_OK;
+}
+
+int cn_moe_parts_of(const cn_config *c) {
+    const int64_t I = c->moe_intermediate_size, Is = c->moe_shared_intermediate_size;
+    if (c->n_shared_experts <= 0 || I <= 0 || Is % I || Is / I > CN_MOE_MAX_PARTS) return 0;
+    return (int)(Is / I);
+}
+
+/* One table serves one kernel, so the parts must share the routed experts' formats (a mixed
+ * precision map may keep the shared expert in another); the scale blocks divide I, as the
+ * routed down projections' K. */
+void cn_moe_fold_shared(const cn_model *m, cn_moe_w *w) {
+    const cn_config *c = &m->cfg;
+    const int E = c->n_routed_experts, P = cn_moe_parts_of(c);
+    const int64_t H = c->hidden_size, I = c->moe_intermediate_size;
+    w->n_parts = 0;
+    if (!P || !w->has_shared || E <= 0 || m->shared_apart) return;
+    for (int e = 1; e < E; e++)
+        if (w->up[e].dtype != w->up[0].dtype || w->down[e].dtype != w->down[0].dtype) return;
+    if (w->shared_up.dtype != w->up[0].dtype || w->shared_down.dtype != w->down[0].dtype) return;
+    for (int i = 0; i < P; i++) {
+        w->part_up[i] = cn_weight_view(&w->shared_up, i * I, I, 0, H, &w->part_up_bs[i]);
+        w->part_down[i] = cn_weight_view(&w->shared_down, 0, H, i * I, I, &w->part_down_bs[i]);
+        w->up_p[E + i] = &w->part_up[i];
+        w->down_p[E + i] = &w->part_down[i];
+    }
+    w->n_parts = P;
 }
 
 static int bind_mlp(cn_model *m, cn_mlp_w *w, const char *p, cn_err *err) {

@@ -177,8 +177,8 @@ static int copy_layer(cn_model *m, cn_pool *pool, cn_dtype fmt, const cn_layer_w
         const int E = m->cfg.n_routed_experts;
         dst->moe.up = calloc((size_t)E, sizeof *dst->moe.up);
         dst->moe.down = calloc((size_t)E, sizeof *dst->moe.down);
-        dst->moe.up_p = calloc((size_t)E, sizeof *dst->moe.up_p);
-        dst->moe.down_p = calloc((size_t)E, sizeof *dst->moe.down_p);
+        dst->moe.up_p = calloc((size_t)(E + CN_MOE_MAX_PARTS), sizeof *dst->moe.up_p);
+        dst->moe.down_p = calloc((size_t)(E + CN_MOE_MAX_PARTS), sizeof *dst->moe.down_p);
         if (!dst->moe.up || !dst->moe.down || !dst->moe.up_p || !dst->moe.down_p) return CN_ENOMEM;
         for (int e = 0; e < E && !rc; e++) {
             rc = enc_copy(m, pool, fmt, &src->moe.up[e], &dst->moe.up[e]);
@@ -190,6 +190,8 @@ static int copy_layer(cn_model *m, cn_pool *pool, cn_dtype fmt, const cn_layer_w
             if (!rc) rc = enc_copy(m, pool, fmt, &src->moe.shared_up, &dst->moe.shared_up);
             if (!rc) rc = enc_copy(m, pool, fmt, &src->moe.shared_down, &dst->moe.shared_down);
         }
+        if (!rc) cn_moe_fold_shared(m, &dst->moe); /* the parts of the copies */
+        else dst->moe.n_parts = 0;
         return rc;
     }
     default: return CN_OK; /* Mamba: a head with one is never drafted with (speculate.h) */

@@ -104,3 +104,16 @@ cn_tensor cn_tensor_rows(const cn_tensor *t, int64_t row0, int64_t nrow) {
     v.data = (char *)t->data + row0 * t->stride[0];
     return v;
 }
+
+cn_tensor cn_weight_view(const cn_tensor *w, int64_t row0, int64_t nrow, int64_t col0,
+                         int64_t ncol, cn_tensor *bs) {
+    cn_tensor r = cn_tensor_rows(w, row0, nrow);
+    cn_tensor v = cn_tensor_cols(&r, col0, ncol);
+    if (w->block_scale) {
+        const int64_t blk = w->dtype == CN_NVFP4 ? 16 : 32;
+        cn_tensor sr = cn_tensor_rows(w->block_scale, row0, nrow);
+        *bs = cn_tensor_cols(&sr, col0 / blk, ncol / blk);
+        v.block_scale = bs;
+    }
+    return v;
+}

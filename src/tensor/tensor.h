@@ -83,6 +83,12 @@ int cn_tensor_is_contiguous(const cn_tensor *t);
 cn_tensor cn_tensor_cols(const cn_tensor *t, int64_t col0, int64_t ncol);
 /* A view of rows [row0, row0+nrow) of a 2D tensor. */
 cn_tensor cn_tensor_rows(const cn_tensor *t, int64_t row0, int64_t nrow);
+/* The block [row0, row0+nrow) x [col0, col0+ncol) of a 2D weight, block scales included: for
+ * NVFP4 and MXFP8 *bs becomes the view of the scales, and the result points at it (the caller
+ * keeps *bs alive as long as the view); col0 and ncol must then be multiples of the scale block
+ * (16, 32). */
+cn_tensor cn_weight_view(const cn_tensor *w, int64_t row0, int64_t nrow, int64_t col0,
+                         int64_t ncol, cn_tensor *bs);
 /* Pointer to row r of a 2D tensor (host or device address arithmetic only). */
 static inline void *cn_tensor_row(const cn_tensor *t, int64_t r) {
     return (char *)t->data + r * t->stride[0];

@@ -15,6 +15,7 @@
 #include <cjson/cJSON.h>
 
 #include "model/model.h"
+#include "model/quantize.h"
 #include "model/state.h"
 #include "model/synth.h"
 #include "test_util.h"
@@ -656,6 +657,87 @@ static void test_bad_batches(void **st) {
     close_model(&f);
 }
 
+/* ---- the shared expert folded into the expert tables ------------------------------------------ */
+
+/* The model in dir opened folded and apart: every prefill row and decode step must agree, up to
+ * the rounding of the shared expert's sum cut in parts. */
+static void check_fold(const char *dir, const char *what) {
+    cn_err err;
+    cn_err_clear(&err);
+    fixture f[2];
+    for (int i = 0; i < 2; i++) {
+        f[i].b = tu_backend(2);
+        assert_non_null(f[i].b);
+        cn_model_opts mo = {.ubatch = 16, .shared_apart = i};
+        int rc = cn_model_open(&f[i].m, dir, f[i].b, &mo, &err);
+        if (rc) fprintf(stderr, "open %s: %s\n", dir, err.msg);
+        assert_int_equal(rc, 0);
+        f[i].V = cn_model_config(f[i].m)->vocab_size;
+        f[i].H = cn_model_config(f[i].m)->hidden_size;
+    }
+    assert_int_equal(cn_model_folded_moe_layers(f[0].m), 2); /* "M*EM-E*M" */
+    assert_int_equal(cn_model_folded_moe_layers(f[1].m), 0);
+    enum { N = 40, D = 4 };
+    int32_t tok[N];
+    for (int i = 0; i < N; i++) tok[i] = 20 + (i * 53) % 450;
+    float *lg[2], *dec[2];
+    for (int i = 0; i < 2; i++) {
+        lg[i] = prefill_all(&f[i], tok, N, NULL); /* pieces of 16, 16 and 8 rows */
+        dec[i] = malloc((size_t)D * f[i].V * sizeof *dec[i]);
+        cn_state *s;
+        assert_int_equal(cn_state_create(&s, f[i].m, N + D, 0), 0);
+        cn_batch bt = {.tokens = tok, .n = 1, .logits = dec[i]};
+        assert_int_equal(cn_model_forward(f[i].m, s, &bt), 0);
+        for (int d = 1; d < D; d++)
+            assert_int_equal(cn_model_decode(f[i].m, s, tok[d], dec[i] + (size_t)d * f[i].V), 0);
+        cn_state_free(s);
+    }
+    const double ep = tu_rel_err(lg[0], lg[1], (size_t)N * f[0].V);
+    const double ed = tu_rel_err(dec[0], dec[1], (size_t)D * f[0].V);
+    fprintf(stderr, "%s: shared expert folded against apart: prefill rel err %.3g, decode %.3g\n",
+            what, ep, ed);
+    assert_true(ep < SELF_TOL);
+    assert_true(ed < SELF_TOL);
+    for (int i = 0; i < 2; i++) {
+        free(lg[i]);
+        free(dec[i]);
+        close_model(&f[i]);
+    }
+}
+
+/* tiny's MoE layers have a shared expert of twice the routed experts' width, so each folds into
+ * two more experts of the tables; in F32, and quantized to NVFP4 and MXFP8 (the parts' block
+ * scales are views of the shared expert's). */
+static void test_shared_fold(void **st) {
+    (void)st;
+    char *dir = tu_mkdtemp("fold");
+    assert_non_null(dir);
+    cn_synth_opts o;
+    cn_synth_opts_init(&o);
+    o.mtp = 0;
+    o.dtype = CN_F32;
+    cn_err err;
+    cn_err_clear(&err);
+    assert_int_equal(cn_synth_write(dir, &o, &err), 0);
+    check_fold(dir, "f32");
+    const cn_qalgo algos[] = {CN_QALGO_NVFP4, CN_QALGO_MXFP8};
+    const char *names[] = {"nvfp4", "mxfp8"};
+    for (int a = 0; a < 2; a++) {
+        char *q = tu_mkdtemp(names[a]);
+        assert_non_null(q);
+        cn_quantize_opts qo = {.in_dir = dir, .out_dir = q, .algo = algos[a], .threads = 2};
+        cn_quantize_stats qs;
+        int rc = cn_quantize_dir(&qo, &qs, &err);
+        if (rc) fprintf(stderr, "quantize: %s\n", err.msg);
+        assert_int_equal(rc, 0);
+        check_fold(q, names[a]);
+        tu_rmtree(q);
+        free(q);
+    }
+    tu_rmtree(dir);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_parity_mix_f32),   cmocka_unit_test(test_parity_mix_small_ubatch),
@@ -666,6 +748,7 @@ int main(void) {
         cmocka_unit_test(test_replay_restore),
         cmocka_unit_test(test_mtp),               cmocka_unit_test(test_bad_batches),
         cmocka_unit_test(test_sliding_window),    cmocka_unit_test(test_decode_replay),
+        cmocka_unit_test(test_shared_fold),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
