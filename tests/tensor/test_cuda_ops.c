@@ -553,8 +553,9 @@ static void test_attention(void **st) {
     check_attention(CN_F16, 32, 8, 128, 5, 70);
 }
 
-static void check_route(int T, int E, int K, int n_group, int topk_group, int use_bias) {
-    pv lg = pv_make(T, E, 2, -4, 4), wt = pv_make(T, K, 1, 0, 0), bias = vec_make(E, -0.5f, 0.5f);
+/* tie: every logit equal, so without a bias the ranking is by index alone. */
+static void check_route(int T, int E, int K, int n_group, int topk_group, int use_bias, int tie) {
+    pv lg = pv_make(T, E, 2, tie ? 0.75f : -4, tie ? 0.75f : 4), wt = pv_make(T, K, 1, 0, 0), bias = vec_make(E, -0.5f, 0.5f);
     int32_t *zero = calloc((size_t)(T * K), sizeof *zero);
     pid ids = pid_make(T, K, zero);
     cn_route_args a = {.top_k = K, .n_group = n_group, .topk_group = topk_group, .norm_topk = 1,
@@ -577,9 +578,12 @@ static void check_route(int T, int E, int K, int n_group, int topk_group, int us
 
 static void test_moe(void **st) {
     (void)st;
-    check_route(13, 16, 4, 1, 1, 1);
-    check_route(13, 16, 4, 4, 2, 1);
-    check_route(5, 128, 6, 1, 1, 0);
+    check_route(13, 16, 4, 1, 1, 1, 0);
+    check_route(13, 16, 4, 4, 2, 1, 0);
+    check_route(5, 128, 6, 1, 1, 0, 0);
+    check_route(7, 200, 8, 1, 1, 1, 0); /* more experts than the block's threads */
+    check_route(3, 200, 8, 1, 1, 0, 1);
+    check_route(3, 16, 4, 4, 2, 0, 1);
     const int64_t T = 11, k = 3, H = 50;
     pv rows = pv_make(T * k, H, 2, -2, 2), w = pv_make(T, k, 1, 0, 1), y = pv_make(T, H, 3, 0, 0);
     assert_int_equal(cn_op_moe_combine(g_cpu, &y.c, &rows.c, &w.c), 0);

@@ -1,10 +1,12 @@
 /* cuda_moe.cu - the MoE router and the weighted combination of expert rows on the GPU.
  *
- * Promises: routing follows the CPU backend step for step (cpu_moe.c): sigmoid scores in parallel,
- * then one warp per token ranks by biased score (one thread with group limiting), ties to the
- * lower index, with the same group limiting and renormalisation; the H200 profile showed the
- * one-thread ranking at 58 us per token and layer; only expf's last-bit differences between the two libraries can
- * change a choice, on exact near-ties. combine sums the k rows in order j = 0..k-1 like the CPU.
+ * Promises: routing follows the CPU backend (cpu_moe.c): sigmoid scores in parallel, then every
+ * expert's rank by biased score at once (one thread with group limiting), ties to the lower
+ * index, the order in which the CPU's argmax rounds choose; the same group limiting and
+ * renormalisation. The H200 profile showed a one-thread ranking at 58 us per token and layer and
+ * a warp's K rounds of argmax at 5.5 us. Only expf's last-bit differences between the two
+ * libraries can change a choice, on exact near-ties. combine sums the k rows in order
+ * j = 0..k-1 like the CPU.
  */
 #include <math.h>
 #include <stdint.h>
@@ -39,47 +41,38 @@ __global__ void __launch_bounds__(ROUTE_THREADS) k_route(route_args a) {
     cu_pdl_enter();
     extern __shared__ float sh[];
     const int E = a.E, n_group = a.n_group > 1 ? a.n_group : 1;
-    float *s = sh, *sel = s + E, *gscore = sel + E;
-    uint8_t *taken = (uint8_t *)(gscore + n_group), *excluded = taken + E, *gtaken = excluded + E;
+    float *s = sh, *sel = s + E, *gscore = sel + E, *wk = gscore + n_group;
+    uint8_t *taken = (uint8_t *)(wk + a.K), *excluded = taken + E, *gtaken = excluded + E;
     const int64_t t = blockIdx.x;
     const float *lg = (const float *)(a.logits + t * a.ls);
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
         s[e] = 1.0f / (1.0f + expf(-lg[e]));
         sel[e] = a.bias ? s[e] + a.bias[e] : s[e];
+        if (n_group == 1 && sel[e] != sel[e]) sel[e] = -INFINITY; /* NaN: see the ranking */
         taken[e] = 0;
         excluded[e] = 0;
     }
     __syncthreads();
     int32_t *id = (int32_t *)(a.ids + t * a.ids_s);
     float *wt = (float *)(a.wt + t * a.wt_s);
-    if (n_group == 1) { /* warp 0 ranks: the largest biased score, ties to the lower index */
-        if (threadIdx.x >= 32) return;
-        const int lane = threadIdx.x;
-        for (int j = 0; j < a.K; j++) {
-            float bv = 0.0f;
-            int be = -1;
-            for (int e = lane; e < E; e += 32) /* ascending e: the first of equal scores stays */
-                if (!taken[e] && (be < 0 || sel[e] > bv)) {
-                    bv = sel[e];
-                    be = e;
-                }
-#pragma unroll
-            for (int o = 16; o > 0; o >>= 1) {
-                const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-                const int oe = __shfl_xor_sync(0xffffffffu, be, o);
-                if (oe >= 0 && (be < 0 || ov > bv || (ov == bv && oe < be))) {
-                    bv = ov;
-                    be = oe;
-                }
+    if (n_group == 1) {
+        /* each expert's rank among the biased scores, descending, ties to the lower index: the
+         * order in which the CPU's argmax rounds take them, so rank j is its choice j. Every
+         * thread ranks its experts against all E at once (smem broadcasts) instead of K rounds
+         * of a warp's argmax, each waiting on the one before. NaN ranks as -inf, so the ranks
+         * stay a permutation and exactly K experts are written. */
+        for (int e = threadIdx.x; e < E; e += blockDim.x) {
+            const float v = sel[e];
+            int rank = 0;
+            for (int f = 0; f < E; f++) rank += sel[f] > v || (sel[f] == v && f < e);
+            if (rank < a.K) {
+                id[rank] = e;
+                wk[rank] = s[e];
             }
-            if (lane == 0) {
-                taken[be] = 1;
-                id[j] = be;
-                wt[j] = s[be];
-            }
-            __syncwarp();
         }
-        if (lane != 0) return;
+        __syncthreads();
+        if (threadIdx.x != 0) return;
+        for (int j = 0; j < a.K; j++) wt[j] = wk[j];
     } else {
         if (threadIdx.x != 0) return;
         const int gs = E / n_group;
@@ -124,7 +117,8 @@ int cu_moe_route(cn_backend *b, cn_tensor *ids, cn_tensor *weights, const cn_ten
     const int E = (int)logits->shape[1];
     const int n_group = ra->n_group > 1 ? ra->n_group : 1;
     if (T == 0) return CN_OK;
-    const size_t smem = (size_t)(2 * E + n_group) * sizeof(float) + (size_t)(2 * E + n_group);
+    const size_t smem =
+        (size_t)(2 * E + n_group + ra->top_k) * sizeof(float) + (size_t)(2 * E + n_group);
     if (smem > 48 * 1024) return CN_EUNSUPPORTED;
     route_args a;
     a.ids = (char *)ids->data;
