@@ -441,6 +441,22 @@ static int swa_mixer(cn_model *m, const cn_attn_w *w, cn_layer_state *ls, int sw
     return matmul_out(m, acc, out, &w->o, &att);
 }
 
+/* The router's logits and routes from the input: in one op where the backend fuses them (a
+ * decode token), else its product and then moe_route. */
+static int route_in(cn_model *m, mix_in *in, const cn_moe_w *w, cn_tensor *ids, cn_tensor *rw,
+                    cn_tensor *rl, const cn_route_args *ra) {
+    const cn_tensor *bias = w->bias.data ? &w->bias : NULL;
+    cn_mm_ep f;
+    const cn_tensor *x;
+    in_fuse(m, in, 0, &f, &x);
+    if (in->fuse) {
+        int rc = cn_op_moe_route_ep(m->b, ids, rw, rl, &w->gate, x, &f, bias, ra);
+        if (rc != CN_EUNSUPPORTED) return rc;
+    }
+    CHECK(mm_in(m, in, rl, &w->gate, 0));                             /* router logits, fp32 */
+    return cn_op_moe_route(m->b, ids, rw, rl, bias, ra);
+}
+
 /* MOE(in) -> out: sigmoid router with correction bias, relu² experts, unscaled shared expert.
  * With the shared expert folded into the expert tables (cn_moe_w.n_parts), each token's k routes
  * are followed by its parts, so one gathered product runs every up projection and one every down
@@ -467,8 +483,7 @@ static int moe_mixer(cn_model *m, const cn_moe_w *w, cn_tensor *out, int acc, mi
      * lanes), joined on every path, an error too */
     int rc = shared_apart ? fork_decode(b, T) : CN_OK;
     if (rc) return rc;
-    rc = mm_in(m, in, &rl, &w->gate, 0);                              /* router logits, fp32 */
-    if (!rc) rc = cn_op_moe_route(b, &rids, &rrw, &rl, w->bias.data ? &w->bias : NULL, &ra);
+    rc = route_in(m, in, w, &rids, &rrw, &rl, &ra);
     if (!rc) rc = mm_gather_in(m, in, &eh, w->up_p, n_w, &ids, CN_EP_RELU2);
     if (shared_apart) {
         if (!rc) rc = cn_backend_back(b);

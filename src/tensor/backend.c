@@ -398,18 +398,38 @@ int cn_op_attention_window(cn_backend *b, cn_tensor *out, const cn_tensor *q,
 
 int cn_backend_has_attention_window(const cn_backend *b) { return b->iface->attention_window != NULL; }
 
-int cn_op_moe_route(cn_backend *b, cn_tensor *ids, cn_tensor *weights, const cn_tensor *logits,
+/* moe_route's arguments (and moe_route_ep's after its product). */
+static int route_ok(const cn_tensor *ids, const cn_tensor *weights, const cn_tensor *logits,
                     const cn_tensor *bias, const cn_route_args *a) {
     if (!is2d_f32(logits) || !is2d_f32(weights) || ids->dtype != CN_I32 || ids->ndim != 2)
-        return CN_EINVAL;
+        return 0;
     int64_t T = ROWS(logits), E = COLS(logits);
     if (a->top_k <= 0 || a->top_k > E || ROWS(ids) != T || COLS(ids) != a->top_k ||
         !same2d(ids, weights))
-        return CN_EINVAL;
+        return 0;
     if (a->n_group > 1 && (E % a->n_group || a->topk_group <= 0 || a->topk_group > a->n_group))
-        return CN_EINVAL;
-    if (bias && !is_vec_f32(bias, E)) return CN_EINVAL;
+        return 0;
+    return !bias || is_vec_f32(bias, E);
+}
+
+int cn_op_moe_route(cn_backend *b, cn_tensor *ids, cn_tensor *weights, const cn_tensor *logits,
+                    const cn_tensor *bias, const cn_route_args *a) {
+    if (!route_ok(ids, weights, logits, bias, a)) return CN_EINVAL;
     return b->iface->moe_route(b, ids, weights, logits, bias, a);
+}
+
+int cn_op_moe_route_ep(cn_backend *b, cn_tensor *ids, cn_tensor *weights, cn_tensor *logits,
+                       const cn_tensor *gate, const cn_tensor *x, const cn_mm_ep *f,
+                       const cn_tensor *bias, const cn_route_args *a) {
+    if (!route_ok(ids, weights, logits, bias, a) || !is2d_f32(x) || !weight_ok(gate) ||
+        !ep_ok(f, x) || f->ep || f->gate || f->weights)
+        return CN_EINVAL;
+    if (COLS(x) != gate->shape[1] || ROWS(logits) != ROWS(x) || COLS(logits) != gate->shape[0] ||
+        overlap2d(logits, x))
+        return CN_EINVAL;
+    if (!b->iface->supports_weight(b, gate->dtype) || !b->iface->moe_route_ep)
+        return CN_EUNSUPPORTED;
+    return b->iface->moe_route_ep(b, ids, weights, logits, gate, x, f, bias, a);
 }
 
 int cn_op_moe_combine(cn_backend *b, cn_tensor *y, const cn_tensor *rows, const cn_tensor *weights) {

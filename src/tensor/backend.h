@@ -294,6 +294,13 @@ int cn_op_matmul_ep(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_te
  * CN_EINVAL, nothing written). (optional: CN_EUNSUPPORTED) */
 int cn_op_matmul_gather_ep(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, int n_w,
                            const cn_tensor *x, const cn_tensor *ids, const cn_mm_ep *f);
+/* The router's product and its routing in one: logits = x gate^T with f applied (f->ep 0, and
+ * no gate or weights: f->norm only), then cn_op_moe_route of those logits into ids and weights
+ * (logits is written too). (optional, and a backend may refuse a shape: CN_EUNSUPPORTED, nothing
+ * written; the caller then runs cn_op_matmul_ep and cn_op_moe_route) */
+int cn_op_moe_route_ep(cn_backend *b, cn_tensor *ids, cn_tensor *weights, cn_tensor *logits,
+                       const cn_tensor *gate, const cn_tensor *x, const cn_mm_ep *f,
+                       const cn_tensor *bias, const cn_route_args *a);
 /* Elementwise on equal shapes; y may alias an input. */
 int cn_op_add(cn_backend *b, cn_tensor *y, const cn_tensor *a, const cn_tensor *c);
 int cn_op_mul(cn_backend *b, cn_tensor *y, const cn_tensor *a, const cn_tensor *c);

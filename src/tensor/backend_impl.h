@@ -70,11 +70,15 @@ typedef struct cn_backend_iface {
     int (*step_begin_at)(cn_backend *b, int key, uint64_t tag, int pos);
     int (*set_rows)(cn_backend *b, cn_tensor *dst, int row, const cn_tensor *src);
     int (*argmax)(cn_backend *b, cn_tensor *ids, const cn_tensor *x);
-    /* Fused epilogues (backend.h), (optional, together or not at all): default CN_EUNSUPPORTED. */
+    /* Fused epilogues (backend.h), (optional: matmul_ep and matmul_gather_ep together or not at
+     * all, moe_route_ep with them or not): default CN_EUNSUPPORTED. */
     int (*matmul_ep)(cn_backend *b, cn_tensor *y, const cn_tensor *w, const cn_tensor *x,
                      const cn_mm_ep *f);
     int (*matmul_gather_ep)(cn_backend *b, cn_tensor *y, const cn_tensor *const *w, int n_w,
                             const cn_tensor *x, const cn_tensor *ids, const cn_mm_ep *f);
+    int (*moe_route_ep)(cn_backend *b, cn_tensor *ids, cn_tensor *weights, cn_tensor *logits,
+                        const cn_tensor *gate, const cn_tensor *x, const cn_mm_ep *f,
+                        const cn_tensor *bias, const cn_route_args *a);
     /* Captures inside one call (backend.h cn_state_caps), (optional, together or not at all):
      * default CN_EUNSUPPORTED. */
     int (*conv1d_caps)(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w,

@@ -1458,6 +1458,22 @@ static void test_moe_route(void **state) {
     assert_int_equal(ids[0], 6);
     assert_int_equal(ids[1], 2);
     assert_true(wts[0] == wts[1]);
+
+    /* the fused router: the CPU runs the product and the routing apart, so valid arguments are
+     * CN_EUNSUPPORTED with nothing written, and bad ones CN_EINVAL */
+    float gw[8 * 4] = {0}, xv[4] = {1, 2, 3, 4}, lo[8];
+    cn_tensor tg = cn_tensor_2d(CN_F32, 8, 4, gw), tx = cn_tensor_2d(CN_F32, 1, 4, xv),
+              tlo = cn_tensor_2d(CN_F32, 1, 8, lo);
+    const cn_mm_ep f = {.eps = 1e-5f};
+    ids[0] = -7;
+    assert_int_equal(cn_op_moe_route_ep(b, &ti, &tw, &tlo, &tg, &tx, &f, NULL, &a), CN_EUNSUPPORTED);
+    assert_int_equal(ids[0], -7);
+    const cn_mm_ep relu = {.ep = CN_EP_RELU2, .eps = 1e-5f};
+    assert_int_equal(cn_op_moe_route_ep(b, &ti, &tw, &tlo, &tg, &tx, &relu, NULL, &a), CN_EINVAL);
+    cn_tensor tx3 = cn_tensor_2d(CN_F32, 1, 3, xv); /* K differs from the gate's */
+    assert_int_equal(cn_op_moe_route_ep(b, &ti, &tw, &tlo, &tg, &tx3, &f, NULL, &a), CN_EINVAL);
+    cn_tensor tl12 = cn_tensor_2d(CN_F32, 1, 12, lg); /* E differs from the gate's */
+    assert_int_equal(cn_op_moe_route_ep(b, &ti, &tw, &tl12, &tg, &tx, &f, NULL, &a), CN_EINVAL);
     cn_backend_free(b);
 }
 

@@ -796,6 +796,78 @@ static void test_argmax(void **st) {
     }
 }
 
+/* moe_route_ep against the CPU's rmsnorm, router matmul and moe_route: the same experts, logits
+ * and weights within the GEMV's and the router's tolerances. Gate rows past a block's 8 (E = 100),
+ * a K that leaves the staged x smaller than the routing's scratch, with and without the norm and
+ * the bias. Shapes it does not fuse are refused untouched. */
+static void check_route_ep(int64_t E, int64_t K, int k, int use_bias, int norm) {
+    pw gate = pw_make(CN_F32, E, K, 1.0f / sqrtf((float)K));
+    pv nw = vec_make(K, 0.5f, 1.5f), bias = vec_make(E, -0.5f, 0.5f);
+    pv x = pv_make(1, K, 3, -2, 2), xn = pv_make(1, K, 0, 0, 0);
+    pv lg = pv_make(1, E, 2, 0, 0), wt = pv_make(1, k, 1, 0, 0);
+    int32_t zero[16] = {0};
+    pid ids = pid_make(1, k, zero);
+    const cn_route_args a = {.top_k = k, .n_group = 1, .topk_group = 1, .norm_topk = 1,
+                             .scaling = 2.5f};
+    const cn_tensor *xin = &x.c;
+    if (norm) {
+        assert_int_equal(cn_op_rmsnorm(g_cpu, &xn.c, &x.c, &nw.c, 1e-5f), 0);
+        xin = &xn.c;
+    }
+    assert_int_equal(cn_op_matmul(g_cpu, &lg.c, &gate.c, xin), 0);
+    assert_int_equal(cn_op_moe_route(g_cpu, &ids.c, &wt.c, &lg.c, use_bias ? &bias.c : NULL, &a), 0);
+    const cn_mm_ep f = {.norm = norm ? &nw.g : NULL, .eps = 1e-5f};
+    assert_int_equal(cn_op_moe_route_ep(g_cu, &ids.g, &wt.g, &lg.g, &gate.g, &x.g, &f,
+                                        use_bias ? &bias.g : NULL, &a),
+                     0);
+    int32_t ic[16], ig[16];
+    assert_int_equal(cn_backend_download(g_cpu, ic, &ids.c), 0);
+    assert_int_equal(cn_backend_download(g_cu, ig, &ids.g), 0);
+    assert_memory_equal(ic, ig, (size_t)k * sizeof *ic);
+    char what[80];
+    snprintf(what, sizeof what, "moe_route_ep logits E=%lld K=%lld norm=%d", (long long)E,
+             (long long)K, norm);
+    pv_expect(what, &lg, TOL_MM);
+    pv_expect("moe_route_ep weights", &wt, TOL_MM);
+    pid_free(&ids);
+    pv_free(&x);
+    pv_free(&xn);
+    pv_free(&lg);
+    pv_free(&wt);
+    pv_free(&nw);
+    pv_free(&bias);
+    pw_free(&gate);
+}
+
+static void test_route_ep(void **st) {
+    (void)st;
+    check_route_ep(128, 2688, 6, 1, 1); /* nano's router */
+    check_route_ep(100, 256, 8, 0, 1);
+    check_route_ep(16, 64, 4, 1, 0);
+    /* refused: two tokens, group limiting */
+    pw gate = pw_make(CN_F32, 16, 64, 0.1f);
+    pv x = pv_make(2, 64, 0, -1, 1), lg = pv_make(2, 16, 0, 0, 0), wt = pv_make(2, 4, 0, 0, 0);
+    int32_t zero[8] = {0};
+    pid ids = pid_make(2, 4, zero);
+    const cn_mm_ep f = {.eps = 1e-5f};
+    cn_route_args a = {.top_k = 4, .n_group = 1, .topk_group = 1, .norm_topk = 1, .scaling = 1};
+    assert_int_equal(cn_op_moe_route_ep(g_cu, &ids.g, &wt.g, &lg.g, &gate.g, &x.g, &f, NULL, &a),
+                     CN_EUNSUPPORTED);
+    cn_tensor x1 = cn_tensor_rows(&x.g, 0, 1), l1 = cn_tensor_rows(&lg.g, 0, 1);
+    cn_tensor i1 = cn_tensor_rows(&ids.g, 0, 1), w1 = cn_tensor_rows(&wt.g, 0, 1);
+    a.n_group = 4;
+    a.topk_group = 2;
+    assert_int_equal(cn_op_moe_route_ep(g_cu, &i1, &w1, &l1, &gate.g, &x1, &f, NULL, &a),
+                     CN_EUNSUPPORTED);
+    a.top_k = 17; /* more than E */
+    assert_int_equal(cn_op_moe_route_ep(g_cu, &i1, &w1, &l1, &gate.g, &x1, &f, NULL, &a), CN_EINVAL);
+    pid_free(&ids);
+    pv_free(&x);
+    pv_free(&lg);
+    pv_free(&wt);
+    pw_free(&gate);
+}
+
 /* matmul_ep against the CPU's rmsnorm, matmul, then relu2 / add, on the decode GEMV's shapes (one
  * row; N small and large, so K is split over 8 warps and over 1), with and without the norm.
  * Other shapes are refused untouched. */
@@ -1407,6 +1479,7 @@ int main(void) {
         cmocka_unit_test(test_block_scaled),
         cmocka_unit_test(test_argmax),      cmocka_unit_test(test_matmul_ep),
         cmocka_unit_test(test_matmul_gather_ep), cmocka_unit_test(test_fp4_ep),
+        cmocka_unit_test(test_route_ep),
         cmocka_unit_test(test_lanes),
         cmocka_unit_test(test_step),        cmocka_unit_test(test_step_attention),
         cmocka_unit_test(test_step_replay),

@@ -119,6 +119,7 @@ static void cu_free(cn_backend *b) {
     cudaFree(c->par_dev);
     cudaFree(c->ep_cnt);
     cudaFree(c->am_cnt);
+    cudaFree(c->rt_cnt);
     if (c->par_host) cudaFreeHost(c->par_host);
     for (int l = 0; l < 2; l++)
         if (c->lane_blas[l]) cublasDestroy(c->lane_blas[l]);
@@ -488,6 +489,7 @@ static const cn_backend_iface cu_iface = {
     /* .argmax = */ cu_argmax,
     /* .matmul_ep = */ cu_matmul_ep,
     /* .matmul_gather_ep = */ cu_matmul_gather_ep,
+    /* .moe_route_ep = */ cu_moe_route_ep,
     /* not here: the model cuts the conv and the scan at the captures, as before */
     /* .conv1d_caps = */ NULL,
     /* .ssm_scan_caps = */ NULL,
@@ -529,6 +531,7 @@ extern "C" cn_backend *cn_cuda_backend_create(int device, cn_err *err) {
         c->iface.argmax = NULL;
         c->iface.matmul_ep = NULL;
         c->iface.matmul_gather_ep = NULL;
+        c->iface.moe_route_ep = NULL;
     }
     b->iface = &c->iface;
     const char *step = "set device";
@@ -573,6 +576,8 @@ extern "C" cn_backend *cn_cuda_backend_create(int device, cn_err *err) {
     if (e == cudaSuccess) e = cudaMemset(c->ep_cnt, 0, CU_EP_COUNTERS * sizeof(int));
     if (e == cudaSuccess) e = cudaMalloc(&c->am_cnt, CU_ARGMAX_ROWS * sizeof(int));
     if (e == cudaSuccess) e = cudaMemset(c->am_cnt, 0, CU_ARGMAX_ROWS * sizeof(int));
+    if (e == cudaSuccess) e = cudaMalloc(&c->rt_cnt, sizeof(int));
+    if (e == cudaSuccess) e = cudaMemset(c->rt_cnt, 0, sizeof(int));
     if (e != cudaSuccess) {
         cn_err_set(err, e == cudaErrorMemoryAllocation ? CN_ENOMEM : CN_EIO, "CUDA device %d: %s: %s",
                    device, step, cudaGetErrorString(e));

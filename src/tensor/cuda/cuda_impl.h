@@ -37,8 +37,9 @@
  *      A slot replays (cudaGraphLaunch, no capture, no update) when key and tag match, the pos
  *      fits pos_max and `epoch` is unchanged since its capture: the epoch grows whenever device
  *      memory a graph may point to is freed or moved (scratch regrown, a tensor released).
- *  (6) `ep_cnt` and `am_cnt` are zero between launches: a kernel that counts its blocks there
- *      (the combining GEMV epilogue, argmax) has the last block merge the others' partials from
+ *  (6) `ep_cnt`, `am_cnt` and `rt_cnt` are zero between launches: a kernel that counts its blocks
+ *      there (the combining GEMV epilogue, argmax, the fused router) has the last block merge the
+ *      others' partials from
  *      scratch in a fixed order and set its counter back to 0, so graphs replay them as they are
  *      and results do not depend on which block finished last.
  *  (7) Every kernel is queued with cu_launch, as a programmatic dependent launch where the device
@@ -139,6 +140,8 @@ typedef struct cu_ctx {
     int fused;        /* offer the fused decode ops ($CAIRN_CUDA_FUSED=0 at create: not) */
     int *ep_cnt;      /* [CU_EP_COUNTERS] zeroed, for combining epilogues (cuda_gemm.cu) */
     int *am_cnt;      /* [CU_ARGMAX_ROWS] zeroed, blocks done per row of argmax */
+    int *rt_cnt;      /* [1] zeroed, blocks done of the fused router (cuda_moe.cu); one launch uses
+                       * it at a time, on either lane: a layer routes once */
     struct cu_copy *copy; /* the copy stream and its fences (cuda_copy.cu); made at first use */
     int pdl;          /* invariant 7 */
     /* lanes (backend.h; invariant 8) */
@@ -350,6 +353,9 @@ int cu_set_rows(cn_backend *b, cn_tensor *dst, int row, const cn_tensor *src);
 int cu_moe_route(cn_backend *b, cn_tensor *ids, cn_tensor *weights, const cn_tensor *logits,
                  const cn_tensor *bias, const cn_route_args *a);
 int cu_moe_combine(cn_backend *b, cn_tensor *y, const cn_tensor *rows, const cn_tensor *weights);
+int cu_moe_route_ep(cn_backend *b, cn_tensor *ids, cn_tensor *weights, cn_tensor *logits,
+                    const cn_tensor *gate, const cn_tensor *x, const cn_mm_ep *f,
+                    const cn_tensor *bias, const cn_route_args *a);
 int cu_add(cn_backend *b, cn_tensor *y, const cn_tensor *a, const cn_tensor *c);
 int cu_mul(cn_backend *b, cn_tensor *y, const cn_tensor *a, const cn_tensor *c);
 int cu_silu(cn_backend *b, cn_tensor *y, const cn_tensor *x);

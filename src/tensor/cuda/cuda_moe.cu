@@ -6,7 +6,9 @@
  * renormalisation. The H200 profile showed a one-thread ranking at 58 us per token and layer and
  * a warp's K rounds of argmax at 5.5 us. Only expf's last-bit differences between the two
  * libraries can change a choice, on exact near-ties. combine sums the k rows in order
- * j = 0..k-1 like the CPU.
+ * j = 0..k-1 like the CPU. moe_route_ep does a decode token's router product and routing in one
+ * launch (k_route_mm): the product and the route kernel took 5.4 and 5.5 us per MoE layer on the
+ * H200, mostly each launch's fixed cost.
  */
 #include <math.h>
 #include <stdint.h>
@@ -37,16 +39,20 @@ __device__ int best_expert(const float *sel, const uint8_t *taken, const uint8_t
     return best;
 }
 
-__global__ void __launch_bounds__(ROUTE_THREADS) k_route(route_args a) {
-    cu_pdl_enter();
-    extern __shared__ float sh[];
+/* Bytes of shared memory route_token uses. */
+static size_t route_smem(int E, int n_group, int K) {
+    return (size_t)(2 * E + n_group + K) * sizeof(float) + (size_t)(2 * E + n_group);
+}
+
+/* Token t's routing from its logits, by every thread of the block; sh: route_smem bytes. The
+ * logits are read with __ldcg: the fused router's other blocks wrote them in this launch. */
+__device__ void route_token(const route_args &a, int64_t t, float *sh) {
     const int E = a.E, n_group = a.n_group > 1 ? a.n_group : 1;
     float *s = sh, *sel = s + E, *gscore = sel + E, *wk = gscore + n_group;
     uint8_t *taken = (uint8_t *)(wk + a.K), *excluded = taken + E, *gtaken = excluded + E;
-    const int64_t t = blockIdx.x;
     const float *lg = (const float *)(a.logits + t * a.ls);
     for (int e = threadIdx.x; e < E; e += blockDim.x) {
-        s[e] = 1.0f / (1.0f + expf(-lg[e]));
+        s[e] = 1.0f / (1.0f + expf(-__ldcg(lg + e)));
         sel[e] = a.bias ? s[e] + a.bias[e] : s[e];
         if (n_group == 1 && sel[e] != sel[e]) sel[e] = -INFINITY; /* NaN: see the ranking */
         taken[e] = 0;
@@ -110,6 +116,78 @@ __global__ void __launch_bounds__(ROUTE_THREADS) k_route(route_args a) {
     for (int j = 0; j < a.K; j++) wt[j] *= a.scaling;
 }
 
+__global__ void __launch_bounds__(ROUTE_THREADS) k_route(route_args a) {
+    cu_pdl_enter();
+    extern __shared__ float sh[];
+    route_token(a, blockIdx.x, sh);
+}
+
+/* The fused router (moe_route_ep) for one token: block b's warps take gate rows 8b .. 8b + 7, each
+ * a dot product with x, normalised as the GEMV epilogues do (the sum of squares in double, in a
+ * fixed order; x * inv, then * the norm weight); the last block to finish (rt_cnt, invariant 6)
+ * routes the E logits. Before cu_pdl_enter the block asks L2 for its gate rows (weights,
+ * invariant 7), so they arrive while the kernel before drains. */
+#define RMM_ROWS 8
+#define RMM_THREADS (32 * RMM_ROWS)
+
+__global__ void __launch_bounds__(RMM_THREADS)
+    k_route_mm(route_args a, float *lg, const float *__restrict__ gate, int64_t gs, const float *x,
+               const float *__restrict__ norm, float eps, int K, int *cnt) {
+    extern __shared__ float sh[]; /* x, normalised; then route_token's */
+    __shared__ double wss[RMM_ROWS];
+    __shared__ int last;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int row0 = (int)blockIdx.x * RMM_ROWS, lines = (K + 31) / 32;
+    for (int i = tid; i < RMM_ROWS * lines; i += RMM_THREADS) {
+        const int r = row0 + i / lines;
+        if (r < a.E) asm volatile("prefetch.global.L2 [%0];" ::"l"(gate + r * gs + (i % lines) * 32));
+    }
+    cu_pdl_enter();
+    double ss = 0.0;
+    for (int i = tid; i < K; i += RMM_THREADS) {
+        const float v = x[i];
+        sh[i] = v;
+        ss += (double)v * v;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (lane == 0) wss[warp] = ss;
+    __syncthreads();
+    if (norm) {
+        double t = 0.0;
+        for (int w = 0; w < RMM_ROWS; w++) t += wss[w];
+        const float inv = (float)(1.0 / sqrt(t / (double)K + eps));
+        for (int i = tid; i < K; i += RMM_THREADS) sh[i] = norm[i] * (sh[i] * inv);
+        __syncthreads();
+    }
+    const int r = row0 + warp;
+    if (r < a.E) {
+        const float4 *g = (const float4 *)(gate + r * gs);
+        const float4 *xv = (const float4 *)sh;
+        float acc = 0.0f;
+        for (int i = lane; i < K / 4; i += 32) {
+            const float4 w4 = g[i], x4 = xv[i];
+            acc = fmaf(w4.x, x4.x, acc);
+            acc = fmaf(w4.y, x4.y, acc);
+            acc = fmaf(w4.z, x4.z, acc);
+            acc = fmaf(w4.w, x4.w, acc);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+        if (lane == 0) lg[r] = acc;
+    }
+    __syncthreads();
+    if (tid == 0) {
+        __threadfence(); /* the block's logits are visible before the count says so */
+        last = atomicAdd(cnt, 1) == (int)gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    if (tid == 0) *cnt = 0; /* every block has arrived: ready for the next launch */
+    route_token(a, 0, sh);
+}
+
 int cu_moe_route(cn_backend *b, cn_tensor *ids, cn_tensor *weights, const cn_tensor *logits,
                  const cn_tensor *bias, const cn_route_args *ra) {
     cu_ctx *c = cu_ctx_of(b);
@@ -117,8 +195,7 @@ int cu_moe_route(cn_backend *b, cn_tensor *ids, cn_tensor *weights, const cn_ten
     const int E = (int)logits->shape[1];
     const int n_group = ra->n_group > 1 ? ra->n_group : 1;
     if (T == 0) return CN_OK;
-    const size_t smem =
-        (size_t)(2 * E + n_group + ra->top_k) * sizeof(float) + (size_t)(2 * E + n_group);
+    const size_t smem = route_smem(E, n_group, ra->top_k);
     if (smem > 48 * 1024) return CN_EUNSUPPORTED;
     route_args a;
     a.ids = (char *)ids->data;
@@ -160,4 +237,37 @@ int cu_moe_combine(cn_backend *b, cn_tensor *y, const cn_tensor *rows, const cn_
         (char *)y->data, y->stride[0], (const char *)rows->data, rows->stride[0],
         (const char *)weights->data, weights->stride[0], T, H, (int)weights->shape[1]);
     return cu_launch_check("moe_combine");
+}
+
+/* See backend.h: one token, an F32 gate without group limiting; other shapes are refused. */
+int cu_moe_route_ep(cn_backend *b, cn_tensor *ids, cn_tensor *weights, cn_tensor *logits,
+                    const cn_tensor *gate, const cn_tensor *x, const cn_mm_ep *f,
+                    const cn_tensor *bias, const cn_route_args *ra) {
+    cu_ctx *c = cu_ctx_of(b);
+    const int64_t T = x->shape[0], K = x->shape[1], E = gate->shape[0];
+    const size_t smem = route_smem((int)E, 1, ra->top_k) > (size_t)K * sizeof(float)
+                            ? route_smem((int)E, 1, ra->top_k)
+                            : (size_t)K * sizeof(float);
+    if (T != 1 || gate->dtype != CN_F32 || ra->n_group > 1 || K % 4 || smem > 48 * 1024 ||
+        ((uintptr_t)gate->data & 15u) || gate->stride[0] % 16 || E > INT32_MAX)
+        return CN_EUNSUPPORTED;
+    route_args a;
+    a.ids = (char *)ids->data;
+    a.ids_s = ids->stride[0];
+    a.wt = (char *)weights->data;
+    a.wt_s = weights->stride[0];
+    a.logits = (const char *)logits->data;
+    a.ls = logits->stride[0];
+    a.bias = bias ? (const float *)bias->data : NULL;
+    a.E = (int)E;
+    a.K = ra->top_k;
+    a.n_group = 1;
+    a.topk_group = ra->topk_group;
+    a.norm_topk = ra->norm_topk;
+    a.scaling = ra->scaling;
+    cu_launch(c, k_route_mm, (unsigned)((E + RMM_ROWS - 1) / RMM_ROWS), RMM_THREADS, smem, a,
+              (float *)logits->data, (const float *)gate->data, gate->stride[0] / (int64_t)sizeof(float),
+              (const float *)x->data, f->norm ? (const float *)f->norm->data : NULL, f->eps,
+              (int)K, c->rt_cnt);
+    return cu_launch_check("moe_route_ep");
 }
