@@ -377,6 +377,54 @@ static void test_matmul_gather(void **state) {
     }
 }
 
+/* cn_weight_view: a block of a quantized weight (rows from r0, columns from c0, whole scale blocks)
+ * multiplies as that block of the parent: its data and its block scales both start there, and its
+ * rows keep the parent's strides (the MoE's shared-expert parts are such views). */
+static void check_view(cn_backend *b, int isa, rng *r, cn_dtype dt, int64_t T) {
+    const int64_t N = 40, K = 256, r0 = 8, nr = 24, c0 = 64, nc = 128;
+    qweight w = qweight_rand(r, dt, N, K, 0.013f);
+    qweight_fix(&w);
+    cn_tensor bs;
+    cn_tensor v = cn_weight_view(&w.t, r0, nr, c0, nc, &bs);
+    assert_ptr_equal(v.block_scale, &bs);
+    assert_int_equal(bs.shape[0], nr);
+    assert_int_equal(bs.shape[1], nc / (dt == CN_NVFP4 ? 16 : 32));
+    assert_int_equal(v.stride[0], w.t.stride[0]);
+    qweight sub = {.N = nr, .K = nc};
+    sub.val = malloc((size_t)(nr * nc) * sizeof(double));
+    assert_non_null(sub.val);
+    for (int64_t n = 0; n < nr; n++)
+        for (int64_t k = 0; k < nc; k++) sub.val[n * nc + k] = w.val[(r0 + n) * K + c0 + k];
+    view x = view_rand(r, T, nc, 3);
+    view y = view_make(T, nr, 2);
+    assert_int_equal(cn_op_matmul(b, &y.t, &v, &x.t), CN_OK);
+    double *xq = dt == CN_NVFP4 ? quantized_x(&x) : NULL;
+    double *ref = ref_mm(&x, xq, &sub);
+    char what[96];
+    snprintf(what, sizeof what, "view of %s %s T=%lld", cn_dtype_name(dt), k_isa_name[isa],
+             (long long)T);
+    expect_close(what, &y, ref, 2e-5);
+    free(ref);
+    free(xq);
+    free(sub.val);
+    view_free(&x);
+    view_free(&y);
+    qweight_free(&w);
+}
+
+static void test_weight_view(void **state) {
+    (void)state;
+    for (int isa = 0; isa < N_ISA; isa++) {
+        cn_backend *b = cpu_backend_isa(2, isa);
+        rng r = {17};
+        for (int t = 0; t < 2; t++) {
+            check_view(b, isa, &r, CN_NVFP4, t ? 37 : 1); /* decode's walk and the tiles' */
+            check_view(b, isa, &r, CN_MXFP8, t ? 37 : 1);
+        }
+        cn_backend_free(b);
+    }
+}
+
 /* ---------------------------------------------------------------- get_rows */
 
 static void test_get_rows(void **state) {
@@ -469,6 +517,7 @@ int main(void) {
         cmocka_unit_test(test_matmul_every_isa_and_odd_shapes),
         cmocka_unit_test(test_simd_matches_scalar_and_threads_agree),
         cmocka_unit_test(test_matmul_gather),
+        cmocka_unit_test(test_weight_view),
         cmocka_unit_test(test_get_rows),
         cmocka_unit_test(test_bad_block_scales_rejected),
         cmocka_unit_test(test_nonfinite_activation_propagates),
