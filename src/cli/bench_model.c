@@ -224,6 +224,9 @@ static int ckpt_prepare(ckpt *c, const char *model, const char *preset, int laye
         o.seed = seed;
         o.mtp = 0;
         o.layers = layers;
+        /* NVFP4 is synthesised directly, each row quantized as it is generated: the whole model
+         * in BF16 first would take 63 GB of disk */
+        if (algo == CN_QALGO_NVFP4) o.dtype = CN_NVFP4;
         cn_synth_info info;
         cn_err err;
         cn_err_clear(&err);
@@ -231,7 +234,7 @@ static int ckpt_prepare(ckpt *c, const char *model, const char *preset, int laye
             fprintf(stderr, "cairn: %s\n", err.msg);
             return 1;
         }
-        need = info.tensor_bytes * (algo == CN_QALGO_NONE ? 1 : 2);
+        need = info.tensor_bytes * (algo == CN_QALGO_NONE || algo == CN_QALGO_NVFP4 ? 1 : 2);
     }
     /* the directory to load */
     if (work_dir) {
@@ -258,7 +261,7 @@ static int ckpt_prepare(ckpt *c, const char *model, const char *preset, int laye
     int rc = 0;
     if (!preset) {
         rc = quantize_into(model, c->dir, algo);
-    } else if (algo == CN_QALGO_NONE) {
+    } else if (algo == CN_QALGO_NONE || algo == CN_QALGO_NVFP4) {
         cn_err err;
         cn_err_clear(&err);
         if ((rc = cn_synth_write(c->dir, &o, &err) ? 1 : 0)) fprintf(stderr, "cairn: %s\n", err.msg);

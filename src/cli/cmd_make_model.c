@@ -14,7 +14,7 @@
 
 static const char kSynopsis[] =
     "make-model --preset " CN_SYNTH_PRESETS " --out DIR [--seed N] [--no-mtp] [--layers N] [--pattern PAT] [--window W]"
-    " [--dtype bf16|f32|fp8] [--shard-size MB]";
+    " [--dtype bf16|f32|fp8|nvfp4] [--shard-size MB]";
 
 int cn_cmd_make_model(int argc, char **argv) {
     const char *preset = NULL, *out = NULL, *dtype = "bf16";
@@ -30,7 +30,7 @@ int cn_cmd_make_model(int argc, char **argv) {
         {"layers", CN_FLAG_INT, &layers, "N", "keep the first N layers of the preset's pattern", 0, 0},
         {"pattern", CN_FLAG_STR, &pattern, "PAT", "layer pattern of M, *, S, E, - instead of the preset's (S: sliding-window attention)", 0, 0},
         {"window", CN_FLAG_INT, &window, "W", "sliding window of the S layers (default 16)", 0, 0},
-        {"dtype", CN_FLAG_STR, &dtype, "T", "weight dtype: bf16 (default), f32, fp8", 0, 0},
+        {"dtype", CN_FLAG_STR, &dtype, "T", "weight dtype: bf16 (default), f32, fp8, nvfp4", 0, 0},
         {"shard-size", CN_FLAG_U64, &shard_mb, "MB", "split weights into shards of at most MB MiB", 0, 0},
         {NULL, 0, NULL, NULL, NULL, 0, 0},
     };
@@ -50,8 +50,9 @@ int cn_cmd_make_model(int argc, char **argv) {
     if (!strcmp(dtype, "bf16")) o.dtype = CN_BF16;
     else if (!strcmp(dtype, "f32")) o.dtype = CN_F32;
     else if (!strcmp(dtype, "fp8")) o.dtype = CN_F8_E4M3;
+    else if (!strcmp(dtype, "nvfp4")) o.dtype = CN_NVFP4;
     else {
-        fprintf(stderr, "cairn: invalid value '%s' for --dtype (bf16, f32, fp8)\n", dtype);
+        fprintf(stderr, "cairn: invalid value '%s' for --dtype (bf16, f32, fp8, nvfp4)\n", dtype);
         cn_flags_usage(flags, kSynopsis, stderr);
         return 2;
     }

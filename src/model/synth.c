@@ -21,6 +21,7 @@
 #include "base/fp.h"
 #include "base/threadpool.h"
 #include "model/nano3_template.h"
+#include "model/quantize.h"
 #include "model/st_writer.h"
 
 /* ---- presets -------------------------------------------------------------------------------- */
@@ -82,9 +83,14 @@ typedef struct synth_spec {
     init_kind kind;
     float a, b;
     int64_t split_row; /* INIT_NORMAL: first row drawn with std b; INT64_MAX if none */
-    float fp8_scale;   /* F8_E4M3: stored code = e4m3(value / fp8_scale) */
+    float fp8_scale;   /* F8_E4M3: stored code = e4m3(value / fp8_scale); NVFP4: the global
+                        * scale g (weight_scale_2) */
     int is_mtp;        /* under mtp.* */
     int is_scale;      /* a quantization scale, not a parameter */
+    int nvfp4;         /* NVFP4 mode: 1 the packed codes [N, K/2] of the logical [N, K] weight
+                        * this spec describes, 2 their block scales [N, K/16] (of spec `src`) */
+    int64_t nvfp4_k;   /* the logical K */
+    int src;           /* nvfp4 2: the index of the codes' spec, whose values these are */
 } synth_spec;
 
 typedef struct synth_model {
@@ -129,13 +135,36 @@ static synth_spec *spec_add(synth_model *m, const char *prefix, const char *suff
 /* Largest |value| the Irwin-Hall(4) normal below can take, in units of its std. */
 #define NORMAL_MAX 3.4641016f /* 2 sqrt(3) */
 
+/* NVFP4 mode leaves BF16 what NVIDIA's NVFP4 release (and cn_quantize_dir) leaves: attention's
+ * projections, and in_proj / out_proj of a Mamba layer whose next Mamba-or-attention layer is
+ * attention. */
+static int nvfp4_kept(const synth_model *m, const char *prefix, const char *suffix) {
+    static const char *const attn[] = {"q_proj.", "k_proj.", "v_proj.", "o_proj."};
+    for (int i = 0; i < 4; i++)
+        if (!strncmp(suffix, attn[i], strlen(attn[i]))) return 1;
+    int l;
+    if ((strncmp(suffix, "in_proj.", 8) && strncmp(suffix, "out_proj.", 9)) ||
+        sscanf(prefix, "backbone.layers.%d.", &l) != 1)
+        return 0;
+    for (int j = l + 1; j < m->n_layers; j++) {
+        if (m->pattern[j] == 'M') return 0;
+        if (m->pattern[j] == '*' || m->pattern[j] == 'S') return 1;
+    }
+    return 0;
+}
+
 /* A Linear weight [out, in], std 1/sqrt(in) (rows >= split_row: split_std). In fp8 mode it is
  * stored F8_E4M3 with a per-tensor scale mapping the largest possible value to 448, and the
- * scale is written as the F32 scalar `<name>_scale` (X.weight -> X.weight_scale). */
+ * scale is written as the F32 scalar `<name>_scale` (X.weight -> X.weight_scale). In nvfp4 mode
+ * (but for nvfp4_kept's, BF16) it is stored as cn_quantize_dir writes NVFP4, each row quantized as
+ * it is generated: codes U8 [out, in/2], `<name>_scale` E4M3 [out, in/16], and `<name>_scale_2`
+ * the global scale, here the largest possible value / (6 * 448) instead of the tensor's amax. */
 static void add_linear(synth_model *m, const char *prefix, const char *suffix, int64_t out,
                        int64_t in, int64_t split_row, float split_std) {
     float std = 1.0f / sqrtf((float)in);
-    synth_spec *s = spec_add(m, prefix, suffix, m->wdtype, 2, out, in, 0);
+    const int fp4 = m->wdtype == CN_NVFP4 && !nvfp4_kept(m, prefix, suffix);
+    cn_dtype dt = m->wdtype == CN_NVFP4 ? (fp4 ? CN_U8 : CN_BF16) : m->wdtype;
+    synth_spec *s = spec_add(m, prefix, suffix, dt, 2, out, fp4 ? in / 2 : in, 0);
     if (!s) return;
     s->kind = INIT_NORMAL;
     s->a = std;
@@ -143,11 +172,33 @@ static void add_linear(synth_model *m, const char *prefix, const char *suffix, i
         s->split_row = split_row;
         s->b = split_std;
     }
-    if (m->wdtype != CN_F8_E4M3) return;
     float amax = NORMAL_MAX * (s->split_row < out && split_std > std ? split_std : std);
+    if (fp4) {
+        const int src = m->n - 1;
+        s->nvfp4 = 1;
+        s->nvfp4_k = in;
+        s->fp8_scale = amax / (6.0f * 448.0f);
+        const float g = s->fp8_scale;
+        char base[96];
+        snprintf(base, sizeof base, "%s", s->name);
+        synth_spec *q = spec_add(m, base, "_scale", CN_F8_E4M3, 2, out, in / 16, 0);
+        if (!q) return;
+        q->nvfp4 = 2;
+        q->src = src;
+        q->is_scale = 1;
+        q = spec_add(m, base, "_scale_2", CN_F32, 0, 0, 0, 0);
+        if (!q) return;
+        q->kind = INIT_CONST;
+        q->a = g;
+        q->is_scale = 1;
+        return;
+    }
+    if (m->wdtype != CN_F8_E4M3) return;
     s->fp8_scale = amax / 448.0f;
     float scale = s->fp8_scale;
-    synth_spec *q = spec_add(m, s->name, "_scale", CN_F32, 0, 0, 0, 0);
+    char base[96]; /* spec_add may move s */
+    snprintf(base, sizeof base, "%s", s->name);
+    synth_spec *q = spec_add(m, base, "_scale", CN_F32, 0, 0, 0, 0);
     if (!q) return;
     q->kind = INIT_CONST;
     q->a = scale;
@@ -253,8 +304,9 @@ static int model_build(synth_model *m, const cn_synth_opts *o, cn_err *err) {
     if (o->layers < 0 || o->layers > full)
         return cn_err_set(err, CN_EINVAL, "--layers %d out of range for preset %s (1..%d, 0 = all)",
                           o->layers, m->sh->name, full);
-    if (o->dtype != CN_BF16 && o->dtype != CN_F32 && o->dtype != CN_F8_E4M3)
-        return cn_err_set(err, CN_EINVAL, "weight dtype %s not supported (BF16, F32, F8_E4M3)",
+    if (o->dtype != CN_BF16 && o->dtype != CN_F32 && o->dtype != CN_F8_E4M3 && o->dtype != CN_NVFP4)
+        return cn_err_set(err, CN_EINVAL,
+                          "weight dtype %s not supported (BF16, F32, F8_E4M3, NVFP4)",
                           cn_dtype_name(o->dtype));
     m->n_layers = o->layers ? o->layers : full;
     memcpy(m->pattern, pat, (size_t)m->n_layers);
@@ -342,8 +394,9 @@ int cn_synth_describe(const cn_synth_opts *o, cn_synth_info *out, cn_err *err) {
     for (int i = 0; i < m.n; i++) {
         const synth_spec *s = &m.specs[i];
         uint64_t n = spec_nelem(s), bytes = n * cn_dtype_size(s->dtype);
-        if (!s->is_scale) out->params += n;
-        if (!s->is_scale && s->is_mtp) out->mtp_params += n;
+        const uint64_t np = s->nvfp4 == 1 ? 2 * n : n; /* two codes a byte */
+        if (!s->is_scale) out->params += np;
+        if (!s->is_scale && s->is_mtp) out->mtp_params += np;
         out->tensor_bytes += bytes;
         /* Same greedy rule as the writer (st_writer.h invariant 1). */
         if (o->shard_bytes && shard_used > 0 && shard_used + bytes > o->shard_bytes) {
@@ -448,11 +501,57 @@ static void fill_task(void *vctx, int begin, int end) {
     }
 }
 
+/* NVFP4 mode: bytes [off, off + n) of a weight's codes (part 1) or block scales (part 2), each
+ * row generated and quantized whole (cn_quantize_nvfp4_row), a pool item per row. */
+typedef struct fp4_job {
+    const synth_spec *w; /* the codes' spec */
+    uint64_t key;        /* its values' key */
+    int part;
+    uint64_t off, n, row_bytes;
+    uint8_t *buf;
+    int oom; /* set by a task that could not allocate */
+} fp4_job;
+
+static void fp4_task(void *vctx, int begin, int end) {
+    fp4_job *j = vctx;
+    const int64_t K = j->w->nvfp4_k;
+    synth_spec v = *j->w; /* the logical [N, K] weight, for spec_value's rows */
+    v.shape[1] = K;
+    float *vals = malloc((size_t)K * sizeof *vals);
+    uint8_t *codes = malloc((size_t)(K / 2)), *scales = malloc((size_t)(K / 16));
+    if (!vals || !codes || !scales) {
+        j->oom = 1;
+        begin = end;
+    }
+    const uint64_t r0 = j->off / j->row_bytes;
+    for (int i = begin; i < end; i++) {
+        const uint64_t r = r0 + (uint64_t)i;
+        for (int64_t k = 0; k < K; k++) vals[k] = spec_value(&v, j->key, r * (uint64_t)K + (uint64_t)k);
+        cn_quantize_nvfp4_row(vals, K, j->w->fp8_scale, codes, scales);
+        const uint8_t *src = j->part == 1 ? codes : scales;
+        const uint64_t a = r * j->row_bytes, b = a + j->row_bytes; /* the row's bytes */
+        const uint64_t lo = a > j->off ? a : j->off, hi = b < j->off + j->n ? b : j->off + j->n;
+        memcpy(j->buf + (lo - j->off), src + (lo - a), (size_t)(hi - lo));
+    }
+    free(vals);
+    free(codes);
+    free(scales);
+}
+
 static int synth_fill(void *vctx, int index, const char *name, uint64_t offset, void *buf,
                       uint64_t nbytes) {
     (void)name;
     const fill_ctx *c = vctx;
     const synth_spec *s = &c->m->specs[index];
+    if (s->nvfp4) {
+        const synth_spec *w = s->nvfp4 == 1 ? s : &c->m->specs[s->src];
+        fp4_job j = {.w = w, .key = tensor_key(c->seed, w->name), .part = s->nvfp4, .off = offset,
+                     .n = nbytes, .row_bytes = (uint64_t)s->shape[1], .buf = buf};
+        if (nbytes == 0) return CN_OK;
+        const uint64_t rows = (offset + nbytes - 1) / j.row_bytes - offset / j.row_bytes + 1;
+        cn_pool_for(c->pool, (int)rows, 1, fp4_task, &j);
+        return j.oom ? CN_ENOMEM : CN_OK;
+    }
     if (s->dtype != CN_F32 && s->dtype != CN_BF16 && s->dtype != CN_F8_E4M3) return CN_EDTYPE;
     size_t esz = cn_dtype_size(s->dtype);
     fill_job j = {.c = c, .s = s, .key = tensor_key(c->seed, s->name), .i0 = offset / esz,
@@ -567,12 +666,13 @@ static cJSON *config_json(const synth_model *m) {
     cJSON_AddNumberToObject(c, "bos_token_id", 1);
     cJSON_AddNumberToObject(c, "eos_token_id", 2);
     cJSON_AddNumberToObject(c, "pad_token_id", 0);
-    if (m->wdtype == CN_F8_E4M3) {
+    if (m->wdtype == CN_F8_E4M3 || m->wdtype == CN_NVFP4) {
         cJSON *q = cJSON_AddObjectToObject(c, "quantization_config");
         if (q) {
             cJSON_AddStringToObject(q, "quant_method", "modelopt");
-            cJSON_AddStringToObject(q, "quant_algo", "FP8");
+            cJSON_AddStringToObject(q, "quant_algo", m->wdtype == CN_NVFP4 ? "NVFP4" : "FP8");
             cJSON_AddNullToObject(q, "kv_cache_quant_algo");
+            if (m->wdtype == CN_NVFP4) cJSON_AddNumberToObject(q, "group_size", 16);
         }
     }
     cJSON_AddStringToObject(c, "transformers_version", "4.55.4");
@@ -643,22 +743,38 @@ static cJSON *special_tokens_json(void) {
     return c;
 }
 
-/* modelopt's hf_quant_config.json: which modules are FP8 and which stay high precision. */
-static cJSON *quant_json(void) {
+/* modelopt's hf_quant_config.json: which modules are FP8 or NVFP4 and which stay high precision
+ * (NVFP4: also attention's projections and the Mamba layers feeding attention, nvfp4_kept). */
+static cJSON *quant_json(const synth_model *m) {
     cJSON *c = cJSON_CreateObject();
     if (!c) return NULL;
+    const int fp4 = m->wdtype == CN_NVFP4;
     cJSON *prod = cJSON_AddObjectToObject(c, "producer");
     if (prod) cJSON_AddStringToObject(prod, "name", "cairn make-model");
     cJSON *q = cJSON_AddObjectToObject(c, "quantization");
     if (q) {
-        cJSON_AddStringToObject(q, "quant_algo", "FP8");
+        cJSON_AddStringToObject(q, "quant_algo", fp4 ? "NVFP4" : "FP8");
         cJSON_AddNullToObject(q, "kv_cache_quant_algo");
+        if (fp4) cJSON_AddNumberToObject(q, "group_size", 16);
         cJSON *ex = cJSON_AddArrayToObject(q, "exclude_modules");
         if (ex) {
             cJSON_AddItemToArray(ex, cJSON_CreateString("lm_head"));
             cJSON_AddItemToArray(ex, cJSON_CreateString("backbone.embeddings"));
             cJSON_AddItemToArray(ex, cJSON_CreateString("*.mixer.gate"));
             cJSON_AddItemToArray(ex, cJSON_CreateString("*.mixer.conv1d"));
+        }
+        if (ex && fp4) {
+            static const char *const attn[] = {"*.q_proj", "*.k_proj", "*.v_proj", "*.o_proj"};
+            for (int i = 0; i < 4; i++) cJSON_AddItemToArray(ex, cJSON_CreateString(attn[i]));
+            char p[64], n[96];
+            for (int l = 0; l < m->n_layers; l++) {
+                snprintf(p, sizeof p, "backbone.layers.%d.", l);
+                if (m->pattern[l] != 'M' || !nvfp4_kept(m, p, "in_proj.weight")) continue;
+                snprintf(n, sizeof n, "%smixer.in_proj", p);
+                cJSON_AddItemToArray(ex, cJSON_CreateString(n));
+                snprintf(n, sizeof n, "%smixer.out_proj", p);
+                cJSON_AddItemToArray(ex, cJSON_CreateString(n));
+            }
         }
     }
     return c;
@@ -703,8 +819,8 @@ int cn_synth_write(const char *dir, const cn_synth_opts *o, cn_err *err) {
     if ((rc = write_json(dir, "tokenizer_config.json", tokenizer_config_json(&m), err)) != CN_OK) goto done;
     if ((rc = write_json(dir, "special_tokens_map.json", special_tokens_json(), err)) != CN_OK) goto done;
     if ((rc = write_json(dir, "generation_config.json", generation_json(), err)) != CN_OK) goto done;
-    if (m.wdtype == CN_F8_E4M3 &&
-        (rc = write_json(dir, "hf_quant_config.json", quant_json(), err)) != CN_OK)
+    if ((m.wdtype == CN_F8_E4M3 || m.wdtype == CN_NVFP4) &&
+        (rc = write_json(dir, "hf_quant_config.json", quant_json(&m), err)) != CN_OK)
         goto done;
     rc = write_json(dir, "config.json", config_json(&m), err);
 done:

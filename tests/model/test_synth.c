@@ -11,6 +11,7 @@
 
 #include "base/fp.h"
 #include "model/nano3_template.h"
+#include "model/quantize.h"
 #include "model/st_test_util.h"
 #include "model/synth.h"
 
@@ -390,6 +391,87 @@ static void test_fp8(void **state) {
     tu_st_close(&s8);
 }
 
+static void set_nvfp4(cn_synth_opts *o) { o->dtype = CN_NVFP4; }
+
+/* The nvfp4 model stores, row by row, what cn_quantize_nvfp4_row makes of the values the f32 model
+ * stores, with the global scale written beside them; attention and the Mamba layers feeding
+ * attention stay BF16, as in NVIDIA's NVFP4 release. */
+static void test_nvfp4(void **state) {
+    (void)state;
+    char d32[1024], d4[1024];
+    write_tiny("synth_nvfp4_ref", d32, sizeof d32, set_f32);
+    write_tiny("synth_nvfp4", d4, sizeof d4, set_nvfp4);
+    cJSON *c = tu_read_json(d4, "config.json");
+    cJSON *q = cJSON_GetObjectItemCaseSensitive(c, "quantization_config");
+    assert_non_null(q);
+    assert_string_equal(json_str(q, "quant_algo"), "NVFP4");
+    cJSON_Delete(c);
+    c = tu_read_json(d4, "hf_quant_config.json");
+    q = cJSON_GetObjectItemCaseSensitive(c, "quantization");
+    assert_non_null(q);
+    assert_string_equal(json_str(q, "quant_algo"), "NVFP4");
+    cJSON_Delete(c);
+    cn_synth_opts o;
+    cn_synth_opts_init(&o);
+    cn_synth_info i16, i4;
+    cn_err err;
+    assert_int_equal(cn_synth_describe(&o, &i16, &err), 0);
+    set_nvfp4(&o);
+    assert_int_equal(cn_synth_describe(&o, &i4, &err), 0);
+    assert_int_equal(i4.params, i16.params);
+    assert_int_equal(i4.mtp_params, i16.mtp_params);
+    tu_st s32, s4;
+    tu_st_open(&s32, d32, "model.safetensors");
+    tu_st_open(&s4, d4, "model.safetensors");
+    shape_is(&s4, "backbone.layers.1.mixer.q_proj.weight", "BF16", "[64,64]");
+    shape_is(&s4, "backbone.layers.0.mixer.in_proj.weight", "BF16", "[328,64]"); /* feeds '*' */
+    shape_is(&s4, "backbone.layers.3.mixer.out_proj.weight", "BF16", "[64,128]"); /* via E, - */
+    shape_is(&s4, "backbone.layers.2.mixer.gate.weight", "F32", "[8,64]");
+    shape_is(&s4, "lm_head.weight", "BF16", "[512,64]");
+    const char *linears[] = {"backbone.layers.7.mixer.in_proj.weight",
+                             "backbone.layers.2.mixer.experts.5.down_proj.weight",
+                             "backbone.layers.2.mixer.shared_experts.up_proj.weight",
+                             "backbone.layers.4.mixer.up_proj.weight",
+                             "mtp.layers.0.eh_proj.weight"};
+    for (size_t k = 0; k < sizeof linears / sizeof linears[0]; k++) {
+        char sname[128], s2name[128];
+        snprintf(sname, sizeof sname, "%s_scale", linears[k]);
+        snprintf(s2name, sizeof s2name, "%s_scale_2", linears[k]);
+        shape_is(&s4, s2name, "F32", "[]");
+        uint64_t n4, ns, n32;
+        const char *dt;
+        const unsigned char *codes = tu_st_tensor(&s4, linears[k], &n4, &dt);
+        assert_string_equal(dt, "U8");
+        const unsigned char *scales = tu_st_tensor(&s4, sname, &ns, &dt);
+        assert_string_equal(dt, "F8_E4M3");
+        const unsigned char *ref = tu_st_tensor(&s32, linears[k], &n32, NULL);
+        assert_int_equal(n32, 8 * n4);
+        assert_int_equal(n4, 8 * ns);
+        const float g = f32_at(tu_st_tensor(&s4, s2name, NULL, NULL), 0);
+        assert_true(g > 0.0f);
+        char buf[64];
+        int64_t N = 0, Kd = 0;
+        sscanf(tu_st_shape(&s4, sname, buf, sizeof buf), "[%lld,%lld]", (long long *)&N, (long long *)&Kd);
+        const int64_t KK = 16 * Kd;
+        uint8_t *pc = malloc((size_t)(KK / 2)), *ps = malloc((size_t)(KK / 16));
+        float *row = malloc((size_t)KK * sizeof *row);
+        assert_true(pc && ps && row);
+        for (int64_t r = 0; r < N; r++) {
+            for (int64_t kk = 0; kk < KK; kk++) row[kk] = f32_at(ref, (uint64_t)(r * KK + kk));
+            cn_quantize_nvfp4_row(row, KK, g, pc, ps);
+            if (memcmp(pc, codes + r * (KK / 2), (size_t)(KK / 2)) ||
+                memcmp(ps, scales + r * (KK / 16), (size_t)(KK / 16)))
+                fail_msg("%s row %lld: not cn_quantize_nvfp4_row of the f32 model's row", linears[k],
+                         (long long)r);
+        }
+        free(pc);
+        free(ps);
+        free(row);
+    }
+    tu_st_close(&s32);
+    tu_st_close(&s4);
+}
+
 static int files_equal(const char *d1, const char *d2, const char *name) {
     size_t l1, l2;
     unsigned char *a = tu_read(d1, name, &l1), *b = tu_read(d2, name, &l2);
@@ -564,6 +646,7 @@ int main(void) {
         cmocka_unit_test(test_tensor_names_and_shapes),
         cmocka_unit_test(test_value_ranges),
         cmocka_unit_test(test_fp8),
+        cmocka_unit_test(test_nvfp4),
         cmocka_unit_test(test_determinism),
         cmocka_unit_test(test_sharded_same_bytes),
         cmocka_unit_test(test_no_mtp_and_layers),
