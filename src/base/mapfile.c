@@ -27,6 +27,14 @@ int cn_mapfile_open(cn_mapfile *m, const char *path, cn_err *err) {
             close(fd);
             return cn_err_set(err, CN_EIO, "%s: mmap failed: %s", path, strerror(e));
         }
+        /* Large folios for the page cache behind it, so the weights map in 2 MiB pages where
+         * the kernel and filesystem allow (ext4 on 6.x does). A decode token of nano-shape reads
+         * 2.9 GB scattered over 19 GB of experts: in 4 KiB pages each page's walk missed the
+         * caches and the streams restarted at every page. Whole nano-shape NVFP4 on this 2-core
+         * machine, the file read in afresh: 4.9-5.3 tok/s (0.26-0.28 of the roofline) without,
+         * 13.5 with (0.57); once the page cache holds large folios every mapping gets them. The
+         * advice is only a hint: a kernel without it maps 4 KiB pages as before. */
+        (void)madvise(p, (size_t)st.st_size, MADV_HUGEPAGE);
         m->data = p;
         m->size = (uint64_t)st.st_size;
     }
