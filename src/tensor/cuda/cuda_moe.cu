@@ -188,6 +188,26 @@ __global__ void __launch_bounds__(RMM_THREADS)
     route_token(a, 0, sh);
 }
 
+/* The kernels' view of moe_route's tensors and parameters. */
+static route_args route_args_of(cn_tensor *ids, cn_tensor *weights, const cn_tensor *logits,
+                                const cn_tensor *bias, const cn_route_args *ra) {
+    route_args a;
+    a.ids = (char *)ids->data;
+    a.ids_s = ids->stride[0];
+    a.wt = (char *)weights->data;
+    a.wt_s = weights->stride[0];
+    a.logits = (const char *)logits->data;
+    a.ls = logits->stride[0];
+    a.bias = bias ? (const float *)bias->data : NULL;
+    a.E = (int)logits->shape[1];
+    a.K = ra->top_k;
+    a.n_group = ra->n_group;
+    a.topk_group = ra->topk_group;
+    a.norm_topk = ra->norm_topk;
+    a.scaling = ra->scaling;
+    return a;
+}
+
 int cu_moe_route(cn_backend *b, cn_tensor *ids, cn_tensor *weights, const cn_tensor *logits,
                  const cn_tensor *bias, const cn_route_args *ra) {
     cu_ctx *c = cu_ctx_of(b);
@@ -197,20 +217,7 @@ int cu_moe_route(cn_backend *b, cn_tensor *ids, cn_tensor *weights, const cn_ten
     if (T == 0) return CN_OK;
     const size_t smem = route_smem(E, n_group, ra->top_k);
     if (smem > 48 * 1024) return CN_EUNSUPPORTED;
-    route_args a;
-    a.ids = (char *)ids->data;
-    a.ids_s = ids->stride[0];
-    a.wt = (char *)weights->data;
-    a.wt_s = weights->stride[0];
-    a.logits = (const char *)logits->data;
-    a.ls = logits->stride[0];
-    a.bias = bias ? (const float *)bias->data : NULL;
-    a.E = E;
-    a.K = ra->top_k;
-    a.n_group = ra->n_group;
-    a.topk_group = ra->topk_group;
-    a.norm_topk = ra->norm_topk;
-    a.scaling = ra->scaling;
+    const route_args a = route_args_of(ids, weights, logits, bias, ra);
     cu_launch(c, k_route, (unsigned)T, ROUTE_THREADS, smem, a);
     return cu_launch_check("moe_route");
 }
@@ -245,26 +252,13 @@ int cu_moe_route_ep(cn_backend *b, cn_tensor *ids, cn_tensor *weights, cn_tensor
                     const cn_tensor *bias, const cn_route_args *ra) {
     cu_ctx *c = cu_ctx_of(b);
     const int64_t T = x->shape[0], K = x->shape[1], E = gate->shape[0];
-    const size_t smem = route_smem((int)E, 1, ra->top_k) > (size_t)K * sizeof(float)
-                            ? route_smem((int)E, 1, ra->top_k)
-                            : (size_t)K * sizeof(float);
-    if (T != 1 || gate->dtype != CN_F32 || ra->n_group > 1 || K % 4 || smem > 48 * 1024 ||
-        ((uintptr_t)gate->data & 15u) || gate->stride[0] % 16 || E > INT32_MAX)
+    if (T != 1 || gate->dtype != CN_F32 || ra->n_group > 1 || K % 4 || E > INT32_MAX ||
+        ((uintptr_t)gate->data & 15u) || gate->stride[0] % 16)
         return CN_EUNSUPPORTED;
-    route_args a;
-    a.ids = (char *)ids->data;
-    a.ids_s = ids->stride[0];
-    a.wt = (char *)weights->data;
-    a.wt_s = weights->stride[0];
-    a.logits = (const char *)logits->data;
-    a.ls = logits->stride[0];
-    a.bias = bias ? (const float *)bias->data : NULL;
-    a.E = (int)E;
-    a.K = ra->top_k;
-    a.n_group = 1;
-    a.topk_group = ra->topk_group;
-    a.norm_topk = ra->norm_topk;
-    a.scaling = ra->scaling;
+    const size_t rs = route_smem((int)E, 1, ra->top_k), xs = (size_t)K * sizeof(float);
+    const size_t smem = rs > xs ? rs : xs; /* x staged, then route_token's scratch */
+    if (smem > 48 * 1024) return CN_EUNSUPPORTED;
+    const route_args a = route_args_of(ids, weights, logits, bias, ra); /* n_group <= 1 */
     cu_launch(c, k_route_mm, (unsigned)((E + RMM_ROWS - 1) / RMM_ROWS), RMM_THREADS, smem, a,
               (float *)logits->data, (const float *)gate->data, gate->stride[0] / (int64_t)sizeof(float),
               (const float *)x->data, f->norm ? (const float *)f->norm->data : NULL, f->eps,
