@@ -81,19 +81,46 @@ typedef struct fixture {
     int V, H;
 } fixture;
 
-static void open_model(fixture *f, const char *name, int ubatch, int threads) {
-    char dir[600];
-    snprintf(dir, sizeof dir, "%s/%s", tu_data_dir(), name);
+/* Opens the model in dir on a backend of `threads` (the test's $CAIRN_BACKEND); returns
+ * cn_model_open's code, with the backend freed and the message printed when it fails. */
+static int open_dir(fixture *f, const char *dir, const cn_model_opts *o, int threads) {
     f->b = tu_backend(threads);
     assert_non_null(f->b);
     cn_err err;
     cn_err_clear(&err);
-    cn_model_opts o = {.ubatch = ubatch};
-    int rc = cn_model_open(&f->m, dir, f->b, &o, &err);
-    if (rc) fprintf(stderr, "open %s: %s\n", dir, err.msg);
-    assert_int_equal(rc, 0);
+    int rc = cn_model_open(&f->m, dir, f->b, o, &err);
+    if (rc) {
+        fprintf(stderr, "open %s: %s\n", dir, err.msg);
+        cn_backend_free(f->b);
+        return rc;
+    }
     f->V = cn_model_config(f->m)->vocab_size;
     f->H = cn_model_config(f->m)->hidden_size;
+    return CN_OK;
+}
+
+static void open_model(fixture *f, const char *name, int ubatch, int threads) {
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/%s", tu_data_dir(), name);
+    cn_model_opts o = {.ubatch = ubatch};
+    assert_int_equal(open_dir(f, dir, &o, threads), 0);
+}
+
+/* A synthetic f32 tiny checkpoint without MTP, seed 0, with pattern pat (NULL: the preset's;
+ * window 8 where it has 'S'), in a new directory named after tag (caller frees). */
+static char *synth_f32(const char *tag, const char *pat) {
+    char *dir = tu_mkdtemp(tag);
+    assert_non_null(dir);
+    cn_synth_opts o;
+    cn_synth_opts_init(&o);
+    o.mtp = 0;
+    o.dtype = CN_F32;
+    o.pattern = pat;
+    o.sliding_window = 8;
+    cn_err err;
+    cn_err_clear(&err);
+    assert_int_equal(cn_synth_write(dir, &o, &err), 0);
+    return dir;
 }
 
 static void close_model(fixture *f) {
@@ -287,30 +314,15 @@ static void test_decode_replay(void **st) {
 /* A synthetic f32 checkpoint with pattern pat (window 8 where it has 'S'), seed 0: two patterns
  * that differ only in '*' vs 'S' have the same weights. Returns the directory (caller frees). */
 static char *make_swa_model(fixture *f, const char *pat, int ubatch) {
-    char *dir = tu_mkdtemp("swa");
-    assert_non_null(dir);
-    cn_synth_opts o;
-    cn_synth_opts_init(&o);
-    o.mtp = 0;
-    o.dtype = CN_F32;
-    o.pattern = pat;
-    o.sliding_window = 8;
-    cn_err err;
-    cn_err_clear(&err);
-    assert_int_equal(cn_synth_write(dir, &o, &err), 0);
-    f->b = tu_backend(2);
+    char *dir = synth_f32("swa", pat);
     cn_model_opts mo = {.ubatch = ubatch};
-    int rc = cn_model_open(&f->m, dir, f->b, &mo, &err);
+    int rc = open_dir(f, dir, &mo, 2);
     if (tu_backend_declines(rc)) {
-        fprintf(stderr, "%s\n", err.msg);
-        cn_backend_free(f->b);
         tu_rmtree(dir);
         free(dir);
         skip();
     }
     assert_int_equal(rc, 0);
-    f->V = cn_model_config(f->m)->vocab_size;
-    f->H = cn_model_config(f->m)->hidden_size;
     return dir;
 }
 
@@ -662,18 +674,10 @@ static void test_bad_batches(void **st) {
 /* The model in dir opened folded and apart: every prefill row and decode step must agree, up to
  * the rounding of the shared expert's sum cut in parts. */
 static void check_fold(const char *dir, const char *what) {
-    cn_err err;
-    cn_err_clear(&err);
     fixture f[2];
     for (int i = 0; i < 2; i++) {
-        f[i].b = tu_backend(2);
-        assert_non_null(f[i].b);
         cn_model_opts mo = {.ubatch = 16, .shared_apart = i};
-        int rc = cn_model_open(&f[i].m, dir, f[i].b, &mo, &err);
-        if (rc) fprintf(stderr, "open %s: %s\n", dir, err.msg);
-        assert_int_equal(rc, 0);
-        f[i].V = cn_model_config(f[i].m)->vocab_size;
-        f[i].H = cn_model_config(f[i].m)->hidden_size;
+        assert_int_equal(open_dir(&f[i], dir, &mo, 2), 0);
     }
     assert_int_equal(cn_model_folded_moe_layers(f[0].m), 2); /* "M*EM-E*M" */
     assert_int_equal(cn_model_folded_moe_layers(f[1].m), 0);
@@ -710,15 +714,9 @@ static void check_fold(const char *dir, const char *what) {
  * scales are views of the shared expert's). */
 static void test_shared_fold(void **st) {
     (void)st;
-    char *dir = tu_mkdtemp("fold");
-    assert_non_null(dir);
-    cn_synth_opts o;
-    cn_synth_opts_init(&o);
-    o.mtp = 0;
-    o.dtype = CN_F32;
+    char *dir = synth_f32("fold", NULL);
     cn_err err;
     cn_err_clear(&err);
-    assert_int_equal(cn_synth_write(dir, &o, &err), 0);
     check_fold(dir, "f32");
     const cn_qalgo algos[] = {CN_QALGO_NVFP4, CN_QALGO_MXFP8};
     const char *names[] = {"nvfp4", "mxfp8"};
