@@ -10,6 +10,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -509,7 +510,7 @@ typedef struct fp4_job {
     int part;
     uint64_t off, n, row_bytes;
     uint8_t *buf;
-    int oom; /* set by a task that could not allocate */
+    atomic_int oom; /* set by a task that could not allocate */
 } fp4_job;
 
 static void fp4_task(void *vctx, int begin, int end) {
@@ -520,7 +521,7 @@ static void fp4_task(void *vctx, int begin, int end) {
     float *vals = malloc((size_t)K * sizeof *vals);
     uint8_t *codes = malloc((size_t)(K / 2)), *scales = malloc((size_t)(K / 16));
     if (!vals || !codes || !scales) {
-        j->oom = 1;
+        atomic_store(&j->oom, 1);
         begin = end;
     }
     const uint64_t r0 = j->off / j->row_bytes;
@@ -545,12 +546,14 @@ static int synth_fill(void *vctx, int index, const char *name, uint64_t offset, 
     const synth_spec *s = &c->m->specs[index];
     if (s->nvfp4) {
         const synth_spec *w = s->nvfp4 == 1 ? s : &c->m->specs[s->src];
+        /* the codes and the scales are asked for apart, so each row is generated twice */
         fp4_job j = {.w = w, .key = tensor_key(c->seed, w->name), .part = s->nvfp4, .off = offset,
                      .n = nbytes, .row_bytes = (uint64_t)s->shape[1], .buf = buf};
+        atomic_init(&j.oom, 0);
         if (nbytes == 0) return CN_OK;
         const uint64_t rows = (offset + nbytes - 1) / j.row_bytes - offset / j.row_bytes + 1;
         cn_pool_for(c->pool, (int)rows, 1, fp4_task, &j);
-        return j.oom ? CN_ENOMEM : CN_OK;
+        return atomic_load(&j.oom) ? CN_ENOMEM : CN_OK;
     }
     if (s->dtype != CN_F32 && s->dtype != CN_BF16 && s->dtype != CN_F8_E4M3) return CN_EDTYPE;
     size_t esz = cn_dtype_size(s->dtype);
