@@ -13,16 +13,19 @@
  *    half2 by the hardware and multiplied by the block scale * 2^6 in fp16 (E2M1 x E4M3 has at
  *    most 6 significant bits: exact).
  *  - x is staged once per block from registers (fp4_stage) as two fp16 terms (x 2^-p = hi + lo,
- *    |x 2^-p| <= 2^14, lo the rounding of the rest; cuda_impl.h (4)); every product runs once
- *    per term into fp32 sums, in four independent chains.
- *  - Every lane feeds the same x to all 8 columns of B, so each column of the product holds the
- *    rows' sums and no lane reduction is needed; the super-steps are split over S warps,
- *    partials summed in a fixed order, S the split whose busiest warp has the fewest super-steps
+ *    |x 2^-p| <= 2^14, lo the rounding of the rest; cuda_impl.h (4)), fed as B's columns: hi in
+ *    the even ones, lo in the odd, so one product takes both terms (the 8 columns would
+ *    otherwise repeat one x) and lanes t == 0 hold each row's two sums, added at the end, with
+ *    no lane reduction; four independent chains of products; the super-steps are split over S
+ *    warps, partials summed in a fixed order, S the split whose busiest warp has the fewest super-steps
  *    in the one wave of resident blocks (its slowest block ends the launch).
  *  - Before cu_pdl_enter (cuda_impl.h invariant 7) a block loads its norm weights and, dense,
  *    queues its first weight stages: both are on their way while the kernel before drains.
  * Rows, epilogues (g1_epi; fp4_write: one output per lane) and the one-wave grid are k_gemv1's.
  *
+ * Both terms in one product (instead of one product per term) took slice decode from 2,161 and
+ * 2,130 to 2,195 and 2,176 tok/s (alternating runs, `cairn bench --backend cuda --preset
+ * nano-shape --layers 6 --weights nvfp4`).
  * Measured on the H200 against k_gemv1 (nano-shape slice, one decode token, ncu): the gated
  * out_proj 23.8 -> 14.8 us, the routed down experts 26.0 -> 21.1, the routed up experts 18.7 ->
  * 21.7, the others within 1 us; slice decode unchanged (1,766 against 1,775 tok/s). It is bound
@@ -303,7 +306,7 @@ __global__ void __launch_bounds__(256, 2)
                 const unsigned sb0 = __byte_perm(scb, 0, 0x1010), sb1 = __byte_perm(scb, 0, 0x3232);
                 const unsigned wa[4] = {ca.x, ca.y, ca.z, ca.w}, wb[4] = {cb.x, cb.y, cb.z, cb.w};
                 const uint4 *xc = xq + c * 8;
-                const int sw = c & 7;
+                const int sw = c & 7, lo = g & 1; /* B's even columns x's hi terms, odd lo */
 #pragma unroll
                 for (int q = 0; q < 4; q++) {
                     unsigned la, ha, lb, hb;
@@ -317,17 +320,19 @@ __global__ void __launch_bounds__(256, 2)
                         const unsigned a[4] = {fp4_h2(pa, ka), fp4_h2(pb, kb), fp4_h2(pa >> 16, ka),
                                                fp4_h2(pb >> 16, kb)};
                         const uint4 xv = xc[s ^ sw];
-                        fp4_mma(d[2 * h], a, xv.x, xv.z);
-                        fp4_mma(d[2 * h + 1], a, xv.y, xv.w);
+                        fp4_mma(d[s & 3], a, lo ? xv.y : xv.x, lo ? xv.w : xv.z);
                     }
                 }
             }
             __syncwarp(); /* every lane has read the stage before it is queued again */
             slot = slot == FP4_NST - 1 ? 0 : slot + 1;
         }
-        /* the four chains summed in a fixed order */
-        d[0][0] = (d[0][0] + d[1][0]) + (d[2][0] + d[3][0]);
-        d[0][2] = (d[0][2] + d[1][2]) + (d[2][2] + d[3][2]);
+        /* the four chains summed in a fixed order, each row's hi terms (column 0) then its lo
+         * terms (column 1) */
+        d[0][0] = ((d[0][0] + d[1][0]) + (d[2][0] + d[3][0])) +
+                  ((d[0][1] + d[1][1]) + (d[2][1] + d[3][1]));
+        d[0][2] = ((d[0][2] + d[1][2]) + (d[2][2] + d[3][2])) +
+                  ((d[0][3] + d[1][3]) + (d[2][3] + d[3][3]));
         if (t == 0) {
             part[warp][g] = d[0][0];
             part[warp][g + 8] = d[0][2];
