@@ -17,8 +17,8 @@
  *    the even ones, lo in the odd, so one product takes both terms (the 8 columns would
  *    otherwise repeat one x) and lanes t == 0 hold each row's two sums, added at the end, with
  *    no lane reduction; four independent chains of products; the super-steps are split over S
- *    warps, partials summed in a fixed order, S the split whose busiest warp has the fewest super-steps
- *    in the one wave of resident blocks (its slowest block ends the launch).
+ *    warps, partials summed in a fixed order, S the split whose busiest warp has the fewest
+ *    super-steps in the one wave of resident blocks (its slowest block ends the launch).
  *  - Before cu_pdl_enter (cuda_impl.h invariant 7) a block loads its norm weights and, dense,
  *    queues its first weight stages: both are on their way while the kernel before drains.
  * Rows, epilogues (g1_epi; fp4_write: one output per lane) and the one-wave grid are k_gemv1's.
