@@ -14,21 +14,30 @@
 
 /* ---------------------------------------------------------------- norms */
 
-/* A decode token's norm is one row on one block: its time is the chain of dependent loads and
- * adds per thread, so a row is spread over as many threads as a block has. */
+/* A norm is one row (or group) on one block of norm_threads(n): four values a thread. A
+ * decode token's row is then spread wide, so the chain of dependent loads and adds per thread
+ * is short; a prompt's thousands of rows fill the GPU with small blocks instead of leaving most
+ * of 1024 threads idle at Mamba's groups of 512. */
 #define NORM_THREADS 1024
 
-/* Block sum of a double; all threads get the total. */
+static inline int norm_threads(int64_t n) {
+    const int64_t t = (n / 4 + 31) / 32 * 32;
+    return t < 32 ? 32 : t > NORM_THREADS ? NORM_THREADS : (int)t;
+}
+
+/* Block sum of a double (blocks of whole warps, at most NORM_THREADS); all threads get the
+ * total. The order depends only on the block size, which depends only on the row length: a
+ * row's norm is the same however many rows share the launch. */
 __device__ double block_sum_d(double v) {
     __shared__ double part[NORM_THREADS / 32];
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (int)blockDim.x >> 5;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     __syncthreads(); /* part[] may still be read from a previous call */
     if (lane == 0) part[wid] = v;
     __syncthreads();
     double s = 0;
-    for (int i = 0; i < NORM_THREADS / 32; i++) s += part[i];
+    for (int i = 0; i < nw; i++) s += part[i];
     return s;
 }
 
@@ -39,10 +48,10 @@ __global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(char *y, int64_t ys, c
     const float *xr = (const float *)(x + (int64_t)blockIdx.x * xs);
     float *yr = (float *)(y + (int64_t)blockIdx.x * ys);
     double ss = 0;
-    for (int64_t i = threadIdx.x; i < C; i += NORM_THREADS) ss += (double)xr[i] * xr[i];
+    for (int64_t i = threadIdx.x; i < C; i += blockDim.x) ss += (double)xr[i] * xr[i];
     ss = block_sum_d(ss);
     const float inv = (float)(1.0 / sqrt(ss / (double)C + eps));
-    for (int64_t i = threadIdx.x; i < C; i += NORM_THREADS) yr[i] = w[i] * (xr[i] * inv);
+    for (int64_t i = threadIdx.x; i < C; i += blockDim.x) yr[i] = w[i] * (xr[i] * inv);
 }
 
 __device__ __forceinline__ float silu_f(float v) { return v / (1.0f + expf(-v)); }
@@ -59,13 +68,13 @@ __global__ void __launch_bounds__(NORM_THREADS) k_gated_rmsnorm(char *y, int64_t
     const float *zr = (const float *)(z + t * zs) + g0;
     float *yr = (float *)(y + t * ys) + g0;
     double ss = 0;
-    for (int64_t i = threadIdx.x; i < group; i += NORM_THREADS) {
+    for (int64_t i = threadIdx.x; i < group; i += blockDim.x) {
         const float g = xr[i] * silu_f(zr[i]);
         ss += (double)g * g;
     }
     ss = block_sum_d(ss);
     const float inv = (float)(1.0 / sqrt(ss / (double)group + eps));
-    for (int64_t i = threadIdx.x; i < group; i += NORM_THREADS) {
+    for (int64_t i = threadIdx.x; i < group; i += blockDim.x) {
         const float g = xr[i] * silu_f(zr[i]);
         yr[i] = w[g0 + i] * (g * inv);
     }
@@ -75,9 +84,9 @@ int cu_rmsnorm(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor 
     cu_ctx *c = cu_ctx_of(b);
     const int64_t T = x->shape[0];
     if (T == 0) return CN_OK;
-    cu_launch(c, k_rmsnorm, (unsigned)T, NORM_THREADS, 0, (char *)y->data, y->stride[0],
-                                                          (const char *)x->data, x->stride[0],
-                                                          (const float *)w->data, x->shape[1], eps);
+    cu_launch(c, k_rmsnorm, (unsigned)T, norm_threads(x->shape[1]), 0, (char *)y->data,
+              y->stride[0], (const char *)x->data, x->stride[0], (const float *)w->data,
+              x->shape[1], eps);
     return cu_launch_check("rmsnorm");
 }
 
@@ -88,7 +97,7 @@ int cu_gated_rmsnorm(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_t
     if (T == 0 || G == 0) return CN_OK;
     if (G > 65535) return CN_EUNSUPPORTED;
     dim3 grid((unsigned)T, (unsigned)G);
-    cu_launch(c, k_gated_rmsnorm, grid, NORM_THREADS, 0,
+    cu_launch(c, k_gated_rmsnorm, grid, norm_threads(group), 0,
         (char *)y->data, y->stride[0], (const char *)x->data, x->stride[0], (const char *)z->data,
         z->stride[0], (const float *)w->data, group, eps);
     return cu_launch_check("gated_rmsnorm");
@@ -102,10 +111,7 @@ template <int OP>
 __global__ void k_ew(char *y, int64_t ys, const char *a, int64_t as, const char *c, int64_t cs,
                      float s, int64_t T, int64_t C) {
     cu_pdl_enter();
-    const int64_t n = T * C;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t t = i / C, j = i % C;
+    CU_FOR_ROWS(t, T) CU_FOR_COLS(j, C) {
         const float av = ((const float *)(a + t * as))[j];
         float r;
         if (OP == EW_ADD) r = av + ((const float *)(c + t * cs))[j];
@@ -124,7 +130,8 @@ static int ew_run(cn_backend *b, cn_tensor *y, const cn_tensor *a, const cn_tens
     cu_ctx *ctx = cu_ctx_of(b);
     const int64_t T = y->shape[0], C = y->shape[1];
     if (T == 0 || C == 0) return CN_OK;
-    cu_launch(ctx, k_ew<OP>, cu_blocks(T * C, 256), 256, 0,
+    const int nt = cu_rows_threads(C);
+    cu_launch(ctx, k_ew<OP>, cu_rows_grid(T, C, nt), nt, 0,
         (char *)y->data, y->stride[0], (const char *)a->data, a->stride[0],
         c ? (const char *)c->data : NULL, c ? c->stride[0] : 0, s, T, C);
     return cu_launch_check("elementwise");
@@ -252,10 +259,7 @@ int cu_argmax(cn_backend *b, cn_tensor *ids, const cn_tensor *x) {
 template <int DD, int SD>
 __global__ void k_convert(char *d, int64_t ds, const char *s, int64_t ss, int64_t R, int64_t C) {
     cu_pdl_enter();
-    const int64_t n = R * C;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = i / C, j = i % C;
+    CU_FOR_ROWS(r, R) CU_FOR_COLS(j, C) {
         const float v = cu_wval<SD>(s + r * ss, j);
         char *dr = d + r * ds;
         if (DD == CN_F32) ((float *)dr)[j] = v;
@@ -267,19 +271,20 @@ __global__ void k_convert(char *d, int64_t ds, const char *s, int64_t ss, int64_
 int cu_convert(cn_backend *b, cn_tensor *dst, const cn_tensor *src) {
     cu_ctx *c = cu_ctx_of(b);
     const int64_t R = dst->shape[0], C = dst->shape[1];
-    const unsigned blocks = cu_blocks(R * C, 256);
+    const int nt = cu_rows_threads(C);
+    const dim3 blocks = cu_rows_grid(R, C, nt);
     char *d = (char *)dst->data;
     const char *s = (const char *)src->data;
     const int64_t ds = dst->stride[0], ss = src->stride[0];
     const cn_dtype dd = dst->dtype, sd = src->dtype;
     if (dd == CN_F32 && sd == CN_BF16)
-        cu_launch(c, k_convert<CN_F32, CN_BF16>, blocks, 256, 0, d, ds, s, ss, R, C);
+        cu_launch(c, k_convert<CN_F32, CN_BF16>, blocks, nt, 0, d, ds, s, ss, R, C);
     else if (dd == CN_F32 && sd == CN_F16)
-        cu_launch(c, k_convert<CN_F32, CN_F16>, blocks, 256, 0, d, ds, s, ss, R, C);
+        cu_launch(c, k_convert<CN_F32, CN_F16>, blocks, nt, 0, d, ds, s, ss, R, C);
     else if (dd == CN_BF16 && sd == CN_F32)
-        cu_launch(c, k_convert<CN_BF16, CN_F32>, blocks, 256, 0, d, ds, s, ss, R, C);
+        cu_launch(c, k_convert<CN_BF16, CN_F32>, blocks, nt, 0, d, ds, s, ss, R, C);
     else if (dd == CN_F16 && sd == CN_F32)
-        cu_launch(c, k_convert<CN_F16, CN_F32>, blocks, 256, 0, d, ds, s, ss, R, C);
+        cu_launch(c, k_convert<CN_F16, CN_F32>, blocks, nt, 0, d, ds, s, ss, R, C);
     else return CN_EUNSUPPORTED;
     return cu_launch_check("convert");
 }
@@ -296,9 +301,7 @@ __global__ void k_set_rows(char *dst, int64_t ds, int64_t dst_rows, const int *p
     const int64_t row = (int64_t)(pos ? *pos : 0) + delta;
     if (row < 0 || row + R > dst_rows) return;
     const int64_t per = n / (int64_t)sizeof(W);
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < R * per;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t r = i / per, j = i % per;
+    CU_FOR_ROWS(r, R) CU_FOR_COLS(j, per) {
         ((W *)(dst + (row + r) * ds))[j] = ((const W *)(src + r * ss))[j];
     }
 }
@@ -314,11 +317,14 @@ int cu_set_rows(cn_backend *b, cn_tensor *dst, int row, const cn_tensor *src) {
     char *d = (char *)dst->data;
     const char *s = (const char *)src->data;
     const int64_t ds = dst->stride[0], ss = src->stride[0];
-    if (n % 4 == 0 && ds % 4 == 0 && ss % 4 == 0 && (uintptr_t)d % 4 == 0 && (uintptr_t)s % 4 == 0)
-        cu_launch(c, k_set_rows<uint32_t>, cu_blocks(R * n / 4, 256), 256, 0,
+    if (n % 4 == 0 && ds % 4 == 0 && ss % 4 == 0 && (uintptr_t)d % 4 == 0 && (uintptr_t)s % 4 == 0) {
+        const int nt = cu_rows_threads(n / 4);
+        cu_launch(c, k_set_rows<uint32_t>, cu_rows_grid(R, n / 4, nt), nt, 0,
             d, ds, dst->shape[0], pos, delta, s, ss, R, n);
-    else
-        cu_launch(c, k_set_rows<unsigned char>, cu_blocks(R * n, 256), 256, 0,
+    } else {
+        const int nt = cu_rows_threads(n);
+        cu_launch(c, k_set_rows<unsigned char>, cu_rows_grid(R, n, nt), nt, 0,
             d, ds, dst->shape[0], pos, delta, s, ss, R, n);
+    }
     return cu_launch_check("set_rows");
 }

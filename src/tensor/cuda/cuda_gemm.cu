@@ -618,9 +618,8 @@ __global__ void k_split_bf16(const char *__restrict__ x, int64_t xs, __nv_bfloat
                              int64_t T, int64_t K) {
     cu_pdl_enter();
     const int64_t n = T * K;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t t = i / K, k = i % K;
+    CU_FOR_ROWS(t, T) CU_FOR_COLS(k, K) {
+        const int64_t i = t * K + k;
         float v = ((const float *)(x + t * xs))[k];
 #pragma unroll
         for (int j = 0; j < CU_SPLIT; j++) {
@@ -642,8 +641,8 @@ static int matmul_bf16_split(cu_ctx *c, cn_tensor *y, const cn_tensor *w, const 
     __nv_bfloat16 *terms =
         (__nv_bfloat16 *)cu_scratch(c, (size_t)(CU_SPLIT * T * K) * sizeof(__nv_bfloat16));
     if (!terms) return CN_ENOMEM;
-    cu_launch(c, k_split_bf16, cu_blocks(T * K, 256), 256, 0, (const char *)x->data, x->stride[0],
-                                                               terms, T, K);
+    cu_launch(c, k_split_bf16, cu_rows_grid(T, K, cu_rows_threads(K)), cu_rows_threads(K), 0,
+              (const char *)x->data, x->stride[0], terms, T, K);
     int rc = cu_launch_check("matmul split");
     const float one = 1.0f, zero = 0.0f;
     for (int j = 0; j < CU_SPLIT && !rc; j++)

@@ -397,8 +397,8 @@ static gg_args gg_io(const __nv_bfloat16 *planes, size_t plane, cn_tensor *y, in
 
 static int gg_split(cu_ctx *c, const cn_tensor *x, __nv_bfloat16 *planes) {
     const int64_t T = x->shape[0], K = x->shape[1];
-    cu_launch(c, k_split_bf16, cu_blocks(T * K, 256), 256, 0, (const char *)x->data, x->stride[0],
-                                                            planes, T, K);
+    cu_launch(c, k_split_bf16, cu_rows_grid(T, K, cu_rows_threads(K)), cu_rows_threads(K), 0,
+              (const char *)x->data, x->stride[0], planes, T, K);
     return cu_launch_check("matmul split (tensor cores)");
 }
 

@@ -232,6 +232,28 @@ static inline unsigned cu_blocks(int64_t n, int per) {
     return b > 65535 * 16 ? 65535u * 16u : (unsigned)b;
 }
 
+/* Row-wise elementwise kernels: R rows of C columns, a row per blockIdx.y (strided by gridDim.y
+ * past 65535 rows), its columns over blockIdx.x and the threads. A thread finds its (row,
+ * column) without dividing a flat index (a 64-bit / and % are tens of instructions an element).
+ * With the norms' block sizes (cuda_elementwise.cu), nano-shape slice prefill on the H200 went
+ * from 106.9 to 108.8 thousand tok/s. */
+static inline dim3 cu_rows_grid(int64_t R, int64_t C, int threads) {
+    int64_t x = (C + threads - 1) / threads, y = R;
+    if (x < 1) x = 1;
+    if (x > 65535) x = 65535;
+    if (y < 1) y = 1;
+    if (y > 65535) y = 65535;
+    return dim3((unsigned)x, (unsigned)y);
+}
+/* Threads a block for rows of C columns: 256, or C rounded up to a warp when smaller. */
+static inline int cu_rows_threads(int64_t C) {
+    return C >= 256 ? 256 : C <= 32 ? 32 : (int)((C + 31) / 32 * 32);
+}
+#define CU_FOR_ROWS(r, R) for (int64_t r = blockIdx.y; r < (R); r += gridDim.y)
+#define CU_FOR_COLS(j, C)                                                                        \
+    for (int64_t j = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; j < (C);                    \
+         j += (int64_t)gridDim.x * blockDim.x)
+
 /* ---- device helpers ---- */
 
 /* e4m3fn: sign, 4 exponent bits (bias 7), 3 mantissa bits; 0x7f/0xff NaN. */

@@ -225,10 +225,7 @@ int cu_moe_route(cn_backend *b, cn_tensor *ids, cn_tensor *weights, const cn_ten
 __global__ void k_combine(char *y, int64_t ys, const char *rows, int64_t rs, const char *w,
                           int64_t ws, int64_t T, int64_t H, int k) {
     cu_pdl_enter();
-    const int64_t n = T * H;
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t t = i / H, h = i % H;
+    CU_FOR_ROWS(t, T) CU_FOR_COLS(h, H) {
         const float *wr = (const float *)(w + t * ws);
         float acc = 0.0f;
         for (int j = 0; j < k; j++) acc += wr[j] * ((const float *)(rows + (t * k + j) * rs))[h];
@@ -240,7 +237,7 @@ int cu_moe_combine(cn_backend *b, cn_tensor *y, const cn_tensor *rows, const cn_
     cu_ctx *c = cu_ctx_of(b);
     const int64_t T = y->shape[0], H = y->shape[1];
     if (T == 0 || H == 0) return CN_OK;
-    cu_launch(c, k_combine, cu_blocks(T * H, 256), 256, 0,
+    cu_launch(c, k_combine, cu_rows_grid(T, H, cu_rows_threads(H)), cu_rows_threads(H), 0,
         (char *)y->data, y->stride[0], (const char *)rows->data, rows->stride[0],
         (const char *)weights->data, weights->stride[0], T, H, (int)weights->shape[1]);
     return cu_launch_check("moe_combine");
