@@ -322,13 +322,19 @@ __device__ __forceinline__ float cu_warp_max(float v) {
  * copy of it; 31 shuffles for all 32 sums instead of 5 per sum. Returns the warp's total of
  * index `lane` (the order of additions is fixed, so callers get the same bits everywhere). */
 __device__ __forceinline__ float cu_warp_sum32(float (&v)[32], int lane) {
+    /* Constant loop bounds, so that every index of v is a constant once unrolled: with a
+     * bound of `off` nvcc kept the inner loops, v went to local memory, and its loads and
+     * stores joined a prefill scan's shared-memory traffic. */
 #pragma unroll
-    for (int off = 16; off >= 1; off >>= 1) {
-        const bool upper = (lane & off) != 0;
+    for (int lv = 0; lv < 5; lv++) { /* a counted loop, so that off and j are constants */
+        const int off = 16 >> lv;
+        const unsigned up = (lane & off) ? 0xffffffffu : 0u;
 #pragma unroll
-        for (int j = 0; j < off; j++) {
-            const float send = upper ? v[j] : v[j + off];
-            const float keep = upper ? v[j + off] : v[j];
+        for (int j = 0; j < 16; j++) { /* constant bounds for the unroller; j < off folds away */
+            if (j >= off) break;
+            const unsigned a = __float_as_uint(v[j]), b = __float_as_uint(v[j + off]);
+            const float send = __uint_as_float((a & up) | (b & ~up));
+            const float keep = __uint_as_float((b & up) | (a & ~up));
             v[j] = keep + __shfl_xor_sync(0xffffffffu, send, off);
         }
     }

@@ -5,7 +5,10 @@
  * up to the order of the d_state sum; one warp owns one (head, p) row of the state and keeps it in
  * registers for the whole call. From SCAN_MIN_T tokens a block of 16 such warps (one head) stages
  * 32 tokens of its inputs in shared memory at a time and reduces their 32 y sums together
- * (k_ssm_scan_chunked): the same recurrence, only the d_state sum in another order.
+ * (k_ssm_scan_chunked): the same recurrence, only the d_state sum in another order. Its lanes
+ * hold consecutive state values (one vector load of B and C a token) and its 32 sums stay in
+ * registers (cu_warp_sum32), two blocks to an SM; that took nano-shape slice prefill from 107.1
+ * to 113.1 thousand tok/s on the H200 (with cuda_elementwise.cu's row grids, same run).
  * conv1d: each output is the same sum in the same order (bias, then k ascending) whatever the
  * launch: a few tokens walk time on one thread per channel, which also rolls the state in place;
  * more tokens take one thread per output, the state rolled by a second launch after the first
@@ -172,15 +175,30 @@ __device__ __forceinline__ void scan_cp4(float *dst, const float *src) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src));
 }
 
+/* NPL consecutive floats of shared memory (16-, 8- or 4-byte aligned as NPL says): one load. */
+template <int NPL>
+__device__ __forceinline__ void scan_ld(const float *p, float (&v)[NPL]) {
+    if (NPL == 4) {
+        const float4 q = *(const float4 *)p;
+        v[0] = q.x, v[1] = q.y, v[2 % NPL] = q.z, v[3 % NPL] = q.w;
+    } else if (NPL == 2) {
+        const float2 q = *(const float2 *)p;
+        v[0] = q.x, v[1 % NPL] = q.y;
+    } else {
+        v[0] = *p;
+    }
+}
+
 /* One block per (head, SCAN_WARPS rows of p); each warp owns one (h, p) state row in registers
- * (NPL values per lane, n = lane + 32 i) as k_ssm_scan does, walking the same recurrence token by
- * token. B and C of the head's group come through shared memory, SCAN_L tokens at a time, the
- * next chunk copied in (cp.async) while the current one is used; lane j holds token j's x and dt
+ * (NPL consecutive values per lane, n = NPL lane + i, so a token's B and C reach a lane in one
+ * vector load each; ncu found the warps waiting mostly on the shared-memory pipe when it was a
+ * scalar load per value), walking the same recurrence token by token. B and C of the head's
+ * group come through shared memory, SCAN_L tokens at a time, the next chunk copied in (cp.async) while the current one is used; lane j holds token j's x and dt
  * factors (also fetched a chunk ahead) and hands them to the warp by shuffle; the chunk's y sums
  * are reduced together (cu_warp_sum32). Tokens past T enter as dA = 1 and dt x B = 0 (B zero):
  * the state passes them unchanged. */
 template <int NPL>
-__global__ void __launch_bounds__(SCAN_WARPS * 32) k_ssm_scan_chunked(scan_args a) {
+__global__ void __launch_bounds__(SCAN_WARPS * 32, 2) k_ssm_scan_chunked(scan_args a) {
     cu_pdl_enter();
     constexpr int NP = NPL * 32, THREADS = SCAN_WARPS * 32;
     extern __shared__ float sm[]; /* [2 buffers][B, C][SCAN_L][NP] */
@@ -193,7 +211,7 @@ __global__ void __launch_bounds__(SCAN_WARPS * 32) k_ssm_scan_chunked(scan_args 
     float s[NPL];
 #pragma unroll
     for (int i = 0; i < NPL; i++) {
-        const int n = lane + 32 * i;
+        const int n = NPL * lane + i;
         s[i] = live && n < a.N ? S[n] : 0.0f;
     }
     /* B and C of tokens [t0, t0 + SCAN_L) into buffer buf, zeros past T and N */
@@ -240,14 +258,17 @@ __global__ void __launch_bounds__(SCAN_WARPS * 32) k_ssm_scan_chunked(scan_args 
         const float dx = dtv * xv;
         const float *sB = sm + buf * 2 * SCAN_L * NP, *sC = sB + SCAN_L * NP;
         float v[SCAN_L];
-#pragma unroll
+#pragma unroll 32
         for (int j = 0; j < SCAN_L; j++) {
             const float dAj = __shfl_sync(0xffffffffu, dA, j), dxj = __shfl_sync(0xffffffffu, dx, j);
+            float bv[NPL], cv[NPL];
+            scan_ld<NPL>(sB + j * NP + NPL * lane, bv);
+            scan_ld<NPL>(sC + j * NP + NPL * lane, cv);
             v[j] = 0.0f;
 #pragma unroll
             for (int i = 0; i < NPL; i++) {
-                s[i] = s[i] * dAj + dxj * sB[j * NP + lane + 32 * i];
-                v[j] += s[i] * sC[j * NP + lane + 32 * i];
+                s[i] = s[i] * dAj + dxj * bv[i];
+                v[j] += s[i] * cv[i];
             }
         }
         const float yv = cu_warp_sum32(v, lane);
@@ -260,7 +281,7 @@ __global__ void __launch_bounds__(SCAN_WARPS * 32) k_ssm_scan_chunked(scan_args 
     if (live) {
 #pragma unroll
         for (int i = 0; i < NPL; i++) {
-            const int n = lane + 32 * i;
+            const int n = NPL * lane + i;
             if (n < a.N) S[n] = s[i];
         }
     }
