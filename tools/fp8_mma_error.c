@@ -1,5 +1,6 @@
-/* fp8_mma_error.c - would an NVFP4 decode GEMV on FP8 tensor cores be exact enough? An emulation
- * on the CPU, to decide before spending device time (session 11's plan for k_gemv_fp4).
+/* fp8_mma_error.c - would an NVFP4 decode GEMV on FP8 or int8 tensor cores be exact enough? An
+ * emulation on the CPU, to decide before spending device time (session 11's plan for
+ * k_gemv_fp4, whose f16 form spends ~6 instructions a weight turning nibbles into scaled f16).
  *
  * The design it models: the weights' E2M1 nibbles become E4M3 bytes as they are (exact); x is
  * scaled by 2^-p so that max |x| sits in [128, 256) and split into T E4M3 terms (term t the
@@ -18,8 +19,12 @@
  * 4096): 4 terms with the sums exact reach 4.1e-7 to 4.5e-7; any 13-bit truncation (alignment
  * or output) gives 2.2e-5 to 4.1e-5, and 3 terms 1.0e-5 to 3.6e-5. So the FP8 form meets 2e-5
  * only if the tensor core's FP8 sums are exact to about 24 bits, which the reports for Hopper
- * (e8m13) say they are not: measure one m16n8k32 product with crafted inputs on the H200 before
- * building it; otherwise the f16 form (one product for both x terms) stays.
+ * (e8m13) say they are not. The int8 form (trial_int8) sums exactly in int32: with 3 x terms it
+ * reaches 7.9e-7 to 9.9e-7 (2 terms: 1.2e-4 to 1.4e-4). Its weights come from nibbles by byte
+ * permutes (a 16-entry table: two PRMTs for the magnitudes, two for the negated ones, one PRMT
+ * in sign-replicate mode for the byte masks, one LOP3 to pick), no conversion or scale multiply
+ * per weight; the columns are (term, block) pairs, 6 of the 8, so each product's sums take their
+ * block scales by I2F and FFMA after it. That is the design to build next.
  */
 #include <math.h>
 #include <stdint.h>
@@ -124,6 +129,54 @@ static double trial(int N, int K, int T, int A, int out13, double xrange) {
     return merr / mref;
 }
 
+/* The int8 form: weights as 2 x E2M1 in int8 (exact), x as T int8 terms of a fixed-point split
+ * (term 0 = round(x S), S = 127 / max |x|, then each term the rounding of what is left times
+ * 127), one m16n8k32 s8 product per 32 columns summing exactly in int32, each (term, block)
+ * column scaled by its block's E4M3 scale / 2 into an fp32 accumulator per term. */
+static double trial_int8(int N, int K, int T, double xrange) {
+    double *x = malloc(sizeof(double) * K), *w = malloc(sizeof(double) * K);
+    int *X[4];
+    double *sc = malloc(sizeof(double) * (K / 16));
+    for (int t = 0; t < T; t++) X[t] = malloc(sizeof(int) * K);
+    double mx = 0;
+    for (int k = 0; k < K; k++) {
+        x[k] = (double)(float)((2 * urand() - 1) * xrange * (urand() < 0.05 ? 10 : 1));
+        mx = fmax(mx, fabs(x[k]));
+    }
+    const double S = 127.0 / mx;
+    for (int k = 0; k < K; k++) {
+        double r = x[k] * S;
+        for (int t = 0; t < T; t++) {
+            X[t][k] = (int)nearbyint(r);
+            r = (r - X[t][k]) * 127;
+        }
+    }
+    double mref = 0, merr = 0;
+    for (int n = 0; n < N; n++) {
+        for (int k = 0; k < K; k++) {
+            double c = fp4[(int)(urand() * 8)];
+            w[k] = urand() < 0.5 ? -c : c;
+        }
+        for (int b = 0; b < K / 16; b++) sc[b] = e4m3(exp(2 * urand() - 1) * 0.02);
+        double ref = 0;
+        for (int k = 0; k < K; k++) ref += w[k] * sc[k / 16] * x[k];
+        float acc[4] = {0, 0, 0, 0};
+        for (int b = 0; b < K / 16; b++)
+            for (int t = 0; t < T; t++) {
+                int32_t s = 0;
+                for (int i = 0; i < 16; i++) s += (int32_t)(2 * w[16 * b + i]) * X[t][16 * b + i];
+                acc[t] = fmaf((float)(sc[b] * 0.5), (float)s, acc[t]);
+            }
+        double v = 0, f = 1.0 / S;
+        for (int t = 0; t < T; t++, f /= 127) v += (double)acc[t] * f;
+        merr = fmax(merr, fabs((double)(float)v - ref));
+        mref = fmax(mref, fabs(ref));
+    }
+    for (int t = 0; t < T; t++) free(X[t]);
+    free(x), free(w), free(sc);
+    return merr / mref;
+}
+
 int main(void) {
     const int Ks[] = {1024, 1856, 2688, 4096};
     printf("terms align out13   K=1024    K=1856    K=2688    K=4096   (max |err| / max |ref|, "
@@ -135,5 +188,11 @@ int main(void) {
                 for (int i = 0; i < 4; i++) printf("  %8.2e", trial(2000, Ks[i], T, A, o, 2.0));
                 printf("\n");
             }
+    printf("int8 terms        K=1024    K=1856    K=2688    K=4096\n");
+    for (int T = 2; T <= 3; T++) {
+        printf("%10d      ", T);
+        for (int i = 0; i < 4; i++) printf("  %8.2e", trial_int8(2000, Ks[i], T, 2.0));
+        printf("\n");
+    }
     return 0;
 }

@@ -32,7 +32,8 @@
  * by instructions per byte (F2FP and HMUL2 per weight pair), not by the memory.
  * An FP8 form (e4m3 nibbles straight into m16n8k32, x as four e4m3 terms, block scales applied
  * after each product) would take about half the instructions, but tools/fp8_mma_error.c finds it
- * within test_cuda_ops' 2e-5 only if Hopper's FP8 sums keep ~24 bits, not the reported 13.
+ * within test_cuda_ops' 2e-5 only if Hopper's FP8 sums keep ~24 bits, not the reported 13; an
+ * int8 form (s8 m16n8k32, exact int32 sums, x as three int8 terms) stays within 1e-6 there.
  * Never: other dtypes or shapes (cu_fp4_fits says no and k_gemv1 runs), more than one x row. */
 #include <cuda_fp8.h>
 
