@@ -88,22 +88,40 @@ typedef struct bw_ctx {
     uint64_t sink[MAX_ITEMS];
 } bw_ctx;
 
+/* Each reader walks its n bytes as STREAMS interleaved streams (the quarters), as decode's
+ * kernels read several weight rows at once. In the memory's slow state on this 2-core machine
+ * one stream a thread read 20-25 GB/s, below what decode itself read (28-31), so the 6-layer
+ * NVFP4 slice's decode_roofline_ratio came out 1.28 and 1.30; four streams read 31-35 GB/s and
+ * the same decode 0.94 and 0.94 (session 11, alternating runs). n is a multiple of
+ * STREAMS * 256. */
+#define STREAMS 4
+
 static uint64_t read_scalar(const char *p, size_t n) {
-    const uint64_t *q = (const uint64_t *)p;
+    const size_t q = n / STREAMS / 8;
+    const uint64_t *s0 = (const uint64_t *)p, *s1 = s0 + q, *s2 = s1 + q, *s3 = s2 + q;
     uint64_t a[8] = {0};
-    for (size_t i = 0; i < n / 8; i += 8)
-        for (int j = 0; j < 8; j++) a[j] += q[i + j];
+    for (size_t i = 0; i < q; i += 2) {
+        a[0] += s0[i], a[1] += s0[i + 1];
+        a[2] += s1[i], a[3] += s1[i + 1];
+        a[4] += s2[i], a[5] += s2[i + 1];
+        a[6] += s3[i], a[7] += s3[i + 1];
+    }
     return a[0] ^ a[1] ^ a[2] ^ a[3] ^ a[4] ^ a[5] ^ a[6] ^ a[7];
 }
 
 #ifdef PROBE_X86
 __attribute__((target("avx2"))) static uint64_t read_avx2(const char *p, size_t n) {
+    const size_t q = n / STREAMS;
     __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
-    for (size_t i = 0; i < n; i += 128) {
+    for (size_t i = 0; i < q; i += 64) {
         a0 = _mm256_add_epi64(a0, _mm256_load_si256((const __m256i *)(p + i)));
-        a1 = _mm256_add_epi64(a1, _mm256_load_si256((const __m256i *)(p + i + 32)));
-        a2 = _mm256_add_epi64(a2, _mm256_load_si256((const __m256i *)(p + i + 64)));
-        a3 = _mm256_add_epi64(a3, _mm256_load_si256((const __m256i *)(p + i + 96)));
+        a0 = _mm256_add_epi64(a0, _mm256_load_si256((const __m256i *)(p + i + 32)));
+        a1 = _mm256_add_epi64(a1, _mm256_load_si256((const __m256i *)(p + q + i)));
+        a1 = _mm256_add_epi64(a1, _mm256_load_si256((const __m256i *)(p + q + i + 32)));
+        a2 = _mm256_add_epi64(a2, _mm256_load_si256((const __m256i *)(p + 2 * q + i)));
+        a2 = _mm256_add_epi64(a2, _mm256_load_si256((const __m256i *)(p + 2 * q + i + 32)));
+        a3 = _mm256_add_epi64(a3, _mm256_load_si256((const __m256i *)(p + 3 * q + i)));
+        a3 = _mm256_add_epi64(a3, _mm256_load_si256((const __m256i *)(p + 3 * q + i + 32)));
     }
     __m256i s = _mm256_add_epi64(_mm256_add_epi64(a0, a1), _mm256_add_epi64(a2, a3));
     uint64_t v[4];
@@ -112,12 +130,17 @@ __attribute__((target("avx2"))) static uint64_t read_avx2(const char *p, size_t 
 }
 
 __attribute__((target("avx512f"))) static uint64_t read_avx512(const char *p, size_t n) {
+    const size_t q = n / STREAMS;
     __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
-    for (size_t i = 0; i < n; i += 256) {
+    for (size_t i = 0; i < q; i += 128) {
         a0 = _mm512_add_epi64(a0, _mm512_load_si512((const void *)(p + i)));
-        a1 = _mm512_add_epi64(a1, _mm512_load_si512((const void *)(p + i + 64)));
-        a2 = _mm512_add_epi64(a2, _mm512_load_si512((const void *)(p + i + 128)));
-        a3 = _mm512_add_epi64(a3, _mm512_load_si512((const void *)(p + i + 192)));
+        a0 = _mm512_add_epi64(a0, _mm512_load_si512((const void *)(p + i + 64)));
+        a1 = _mm512_add_epi64(a1, _mm512_load_si512((const void *)(p + q + i)));
+        a1 = _mm512_add_epi64(a1, _mm512_load_si512((const void *)(p + q + i + 64)));
+        a2 = _mm512_add_epi64(a2, _mm512_load_si512((const void *)(p + 2 * q + i)));
+        a2 = _mm512_add_epi64(a2, _mm512_load_si512((const void *)(p + 2 * q + i + 64)));
+        a3 = _mm512_add_epi64(a3, _mm512_load_si512((const void *)(p + 3 * q + i)));
+        a3 = _mm512_add_epi64(a3, _mm512_load_si512((const void *)(p + 3 * q + i + 64)));
     }
     __m512i s = _mm512_add_epi64(_mm512_add_epi64(a0, a1), _mm512_add_epi64(a2, a3));
     uint64_t v[8];
