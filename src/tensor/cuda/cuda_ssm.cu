@@ -193,9 +193,10 @@ __device__ __forceinline__ void scan_ld(const float *p, float (&v)[NPL]) {
  * (NPL consecutive values per lane, n = NPL lane + i, so a token's B and C reach a lane in one
  * vector load each; ncu found the warps waiting mostly on the shared-memory pipe when it was a
  * scalar load per value), walking the same recurrence token by token. B and C of the head's
- * group come through shared memory, SCAN_L tokens at a time, the next chunk copied in (cp.async) while the current one is used; lane j holds token j's x and dt
- * factors (also fetched a chunk ahead) and hands them to the warp by shuffle; the chunk's y sums
- * are reduced together (cu_warp_sum32). Tokens past T enter as dA = 1 and dt x B = 0 (B zero):
+ * group come through shared memory, SCAN_L tokens at a time, the next chunk copied in
+ * (cp.async) while the current one is used; lane j holds token j's x and dt factors (also
+ * fetched a chunk ahead) and hands them to the warp by shuffle; the chunk's y sums are reduced
+ * together (cu_warp_sum32). Tokens past T enter as dA = 1 and dt x B = 0 (B zero):
  * the state passes them unchanged. */
 template <int NPL>
 __global__ void __launch_bounds__(SCAN_WARPS * 32, 2) k_ssm_scan_chunked(scan_args a) {
