@@ -95,6 +95,16 @@ int cn_config_parse(cn_config *c, const char *json, const char *what, cn_err *er
 void cn_config_free(cn_config *c);
 /* 1 for the attention blocks, full ('*') or sliding-window ('S'). */
 static inline int cn_block_is_attn(cn_block b) { return b == CN_BLOCK_ATTN || b == CN_BLOCK_SWA; }
+/* 1 when layer l of a pattern of n cn_block chars is Mamba and the next Mamba or attention layer
+ * after it is attention (NVIDIA's NVFP4 release keeps such a layer's in_proj and out_proj BF16). */
+static inline int cn_mamba_feeds_attn(const char *layers, int n, int l) {
+    if (layers[l] != CN_BLOCK_MAMBA) return 0;
+    for (int j = l + 1; j < n; j++) {
+        if (layers[j] == CN_BLOCK_MAMBA) return 0;
+        if (cn_block_is_attn((cn_block)layers[j])) return 1;
+    }
+    return 0;
+}
 /* Number of layers of a type. */
 int cn_config_count(const cn_config *c, cn_block type);
 

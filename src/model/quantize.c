@@ -412,14 +412,11 @@ static int default_keeps(strlist *keep, cn_qalgo algo, const cn_config *cfg) {
     if (algo != CN_QALGO_NVFP4) return rc;
     for (int i = 0; !rc && i < 4; i++) rc = sl_add(keep, attn[i]);
     for (int l = 0; !rc && l < cfg->n_layers; l++) {
-        if (!cn_block_is_attn((cn_block)cfg->layers[l])) continue;
-        int j = l - 1;
-        while (j >= 0 && cfg->layers[j] != CN_BLOCK_MAMBA && !cn_block_is_attn((cn_block)cfg->layers[j])) j--;
-        if (j < 0 || cfg->layers[j] != CN_BLOCK_MAMBA) continue;
+        if (!cn_mamba_feeds_attn(cfg->layers, cfg->n_layers, l)) continue;
         char n[128];
-        snprintf(n, sizeof n, "backbone.layers.%d.mixer.in_proj", j);
+        snprintf(n, sizeof n, "backbone.layers.%d.mixer.in_proj", l);
         if (!kept(keep, n)) rc = sl_add(keep, n);
-        snprintf(n, sizeof n, "backbone.layers.%d.mixer.out_proj", j);
+        snprintf(n, sizeof n, "backbone.layers.%d.mixer.out_proj", l);
         if (!rc && !kept(keep, n)) rc = sl_add(keep, n);
     }
     return rc;

@@ -21,6 +21,7 @@
 
 #include "base/fp.h"
 #include "base/threadpool.h"
+#include "model/config.h"
 #include "model/nano3_template.h"
 #include "model/quantize.h"
 #include "model/st_writer.h"
@@ -147,11 +148,7 @@ static int nvfp4_kept(const synth_model *m, const char *prefix, const char *suff
     if ((strncmp(suffix, "in_proj.", 8) && strncmp(suffix, "out_proj.", 9)) ||
         sscanf(prefix, "backbone.layers.%d.", &l) != 1)
         return 0;
-    for (int j = l + 1; j < m->n_layers; j++) {
-        if (m->pattern[j] == 'M') return 0;
-        if (m->pattern[j] == '*' || m->pattern[j] == 'S') return 1;
-    }
-    return 0;
+    return cn_mamba_feeds_attn(m->pattern, m->n_layers, l);
 }
 
 /* A Linear weight [out, in], std 1/sqrt(in) (rows >= split_row: split_std). In fp8 mode it is
@@ -769,13 +766,12 @@ static cJSON *quant_json(const synth_model *m) {
         if (ex && fp4) {
             static const char *const attn[] = {"*.q_proj", "*.k_proj", "*.v_proj", "*.o_proj"};
             for (int i = 0; i < 4; i++) cJSON_AddItemToArray(ex, cJSON_CreateString(attn[i]));
-            char p[64], n[96];
+            char n[96];
             for (int l = 0; l < m->n_layers; l++) {
-                snprintf(p, sizeof p, "backbone.layers.%d.", l);
-                if (m->pattern[l] != 'M' || !nvfp4_kept(m, p, "in_proj.weight")) continue;
-                snprintf(n, sizeof n, "%smixer.in_proj", p);
+                if (!cn_mamba_feeds_attn(m->pattern, m->n_layers, l)) continue;
+                snprintf(n, sizeof n, "backbone.layers.%d.mixer.in_proj", l);
                 cJSON_AddItemToArray(ex, cJSON_CreateString(n));
-                snprintf(n, sizeof n, "%smixer.out_proj", p);
+                snprintf(n, sizeof n, "backbone.layers.%d.mixer.out_proj", l);
                 cJSON_AddItemToArray(ex, cJSON_CreateString(n));
             }
         }
