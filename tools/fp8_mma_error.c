@@ -76,18 +76,34 @@ static double tc_sum(const double *p, int n, int A, int out13) {
 
 static const double fp4[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
 
+/* K activations in (-xrange, xrange), one in 20 ten times larger, rounded to float; returns the
+ * largest magnitude. */
+static double make_x(double *x, int K, double xrange) {
+    double mx = 0;
+    for (int k = 0; k < K; k++) {
+        const double u = 2 * urand() - 1, big = urand() < 0.05 ? 10 : 1;
+        x[k] = (double)(float)(u * xrange * big);
+        mx = fmax(mx, fabs(x[k]));
+    }
+    return mx;
+}
+
+/* One weight row of K: E2M1 values w and their E4M3 block scales sc (K / 16). */
+static void make_row(double *w, double *sc, int K) {
+    for (int k = 0; k < K; k++) {
+        double c = fp4[(int)(urand() * 8)];
+        w[k] = urand() < 0.5 ? -c : c;
+    }
+    for (int b = 0; b < K / 16; b++) sc[b] = e4m3(exp(2 * urand() - 1) * 0.02);
+}
+
 /* max |y - ref| / max |ref| for N rows of K, T terms, alignment A. */
 static double trial(int N, int K, int T, int A, int out13, double xrange) {
     double *x = malloc(sizeof(double) * K), *X[4], *w = malloc(sizeof(double) * K);
     double *sc = malloc(sizeof(double) * (K / 16)), *y = malloc(sizeof(double) * N),
            *ref = malloc(sizeof(double) * N);
     for (int t = 0; t < T; t++) X[t] = malloc(sizeof(double) * K);
-    double mx = 0;
-    for (int k = 0; k < K; k++) {
-        x[k] = (2 * urand() - 1) * xrange * (urand() < 0.05 ? 10 : 1); /* a few outliers */
-        x[k] = (double)(float)x[k];
-        mx = fmax(mx, fabs(x[k]));
-    }
+    const double mx = make_x(x, K, xrange);
     int p = (int)floor(log2(mx)) - 7; /* max |x 2^-p| in [128, 256) */
     for (int k = 0; k < K; k++) {
         double r = ldexp(x[k], -p);
@@ -98,11 +114,7 @@ static double trial(int N, int K, int T, int A, int out13, double xrange) {
     }
     double mref = 0, merr = 0;
     for (int n = 0; n < N; n++) {
-        for (int k = 0; k < K; k++) {
-            double c = fp4[(int)(urand() * 8)];
-            w[k] = urand() < 0.5 ? -c : c;
-        }
-        for (int b = 0; b < K / 16; b++) sc[b] = e4m3(exp(2 * urand() - 1) * 0.02);
+        make_row(w, sc, K);
         double r = 0;
         for (int k = 0; k < K; k++) r += w[k] * sc[k / 16] * x[k];
         ref[n] = r;
@@ -138,11 +150,7 @@ static double trial_int8(int N, int K, int T, double xrange) {
     int *X[4];
     double *sc = malloc(sizeof(double) * (K / 16));
     for (int t = 0; t < T; t++) X[t] = malloc(sizeof(int) * K);
-    double mx = 0;
-    for (int k = 0; k < K; k++) {
-        x[k] = (double)(float)((2 * urand() - 1) * xrange * (urand() < 0.05 ? 10 : 1));
-        mx = fmax(mx, fabs(x[k]));
-    }
+    const double mx = make_x(x, K, xrange);
     const double S = 127.0 / mx;
     for (int k = 0; k < K; k++) {
         double r = x[k] * S;
@@ -153,11 +161,7 @@ static double trial_int8(int N, int K, int T, double xrange) {
     }
     double mref = 0, merr = 0;
     for (int n = 0; n < N; n++) {
-        for (int k = 0; k < K; k++) {
-            double c = fp4[(int)(urand() * 8)];
-            w[k] = urand() < 0.5 ? -c : c;
-        }
-        for (int b = 0; b < K / 16; b++) sc[b] = e4m3(exp(2 * urand() - 1) * 0.02);
+        make_row(w, sc, K);
         double ref = 0;
         for (int k = 0; k < K; k++) ref += w[k] * sc[k / 16] * x[k];
         float acc[4] = {0, 0, 0, 0};
