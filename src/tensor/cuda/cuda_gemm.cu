@@ -613,9 +613,9 @@ static int launch_tiled(cu_ctx *c, const mm_args &a, int tm, unsigned n_row_tile
 
 /* ---------------------------------------------------------------- dense */
 
-/* declared in cuda_impl.h: the grouped GEMM and cuBLAS's dense path split the same way */
-__global__ void k_split_bf16(const char *__restrict__ x, int64_t xs, __nv_bfloat16 *__restrict__ out,
-                             int64_t T, int64_t K) {
+/* The grouped GEMM and cuBLAS's dense path split the same way (cu_split_bf16). */
+static __global__ void k_split_bf16(const char *__restrict__ x, int64_t xs,
+                                    __nv_bfloat16 *__restrict__ out, int64_t T, int64_t K) {
     cu_pdl_enter();
     const int64_t n = T * K;
     CU_FOR_ROWS(t, T) CU_FOR_COLS(k, K) {
@@ -630,6 +630,15 @@ __global__ void k_split_bf16(const char *__restrict__ x, int64_t xs, __nv_bfloat
     }
 }
 
+/* See cuda_impl.h. */
+int cu_split_bf16(cu_ctx *c, const cn_tensor *x, __nv_bfloat16 *planes) {
+    const int64_t T = x->shape[0], K = x->shape[1];
+    const int nt = cu_rows_threads(K);
+    cu_launch(c, k_split_bf16, cu_rows_grid(T, K, nt), nt, 0, (const char *)x->data, x->stride[0],
+              planes, T, K);
+    return cu_launch_check("matmul split");
+}
+
 static int blas_rc(cublasStatus_t s, const char *what) {
     if (s == CUBLAS_STATUS_SUCCESS) return CN_OK;
     cn_error("cuda: %s: %s", what, cublasGetStatusString(s));
@@ -641,9 +650,7 @@ static int matmul_bf16_split(cu_ctx *c, cn_tensor *y, const cn_tensor *w, const 
     __nv_bfloat16 *terms =
         (__nv_bfloat16 *)cu_scratch(c, (size_t)(CU_SPLIT * T * K) * sizeof(__nv_bfloat16));
     if (!terms) return CN_ENOMEM;
-    cu_launch(c, k_split_bf16, cu_rows_grid(T, K, cu_rows_threads(K)), cu_rows_threads(K), 0,
-              (const char *)x->data, x->stride[0], terms, T, K);
-    int rc = cu_launch_check("matmul split");
+    int rc = cu_split_bf16(c, x, terms);
     const float one = 1.0f, zero = 0.0f;
     for (int j = 0; j < CU_SPLIT && !rc; j++)
         rc = blas_rc(cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)T, (int)K, &one,

@@ -403,20 +403,13 @@ static gg_args gg_io(const __nv_bfloat16 *planes, size_t plane, cn_tensor *y, in
     return a;
 }
 
-static int gg_split(cu_ctx *c, const cn_tensor *x, __nv_bfloat16 *planes) {
-    const int64_t T = x->shape[0], K = x->shape[1];
-    cu_launch(c, k_split_bf16, cu_rows_grid(T, K, cu_rows_threads(K)), cu_rows_threads(K), 0,
-              (const char *)x->data, x->stride[0], planes, T, K);
-    return cu_launch_check("matmul split (tensor cores)");
-}
-
 int cu_gg_dense(cu_ctx *c, cn_tensor *y, const cn_tensor *w, const cn_tensor *x) {
     const int64_t T = x->shape[0], K = x->shape[1], N = w->shape[0];
     if (T > INT32_MAX / 2 || N > INT32_MAX) return CN_EUNSUPPORTED;
     const size_t plane = (size_t)(T * K);
     __nv_bfloat16 *planes = (__nv_bfloat16 *)cu_scratch(c, CU_SPLIT * plane * sizeof(__nv_bfloat16));
     if (!planes) return CN_ENOMEM;
-    int rc = gg_split(c, x, planes);
+    int rc = cu_split_bf16(c, x, planes);
     if (rc) return rc;
     gg_args a = gg_io(planes, plane, y, K, N);
     a.rows = (int)T;
@@ -450,7 +443,7 @@ int cu_gg_gather(cu_ctx *c, cn_tensor *y, const cu_wexp *table, int n_w, cn_dtyp
     cu_launch(c, k_gather_prep, 1, 1024, 0, (const char *)ids->data, ids->stride[0], (int)T, (int)k,
                                          n_w, bm, c->flag_dev, cnt, order, tiles, n_tiles);
     if ((rc = cu_launch_check("gather prep (tensor cores)"))) return rc;
-    if ((rc = gg_split(c, x, planes))) return rc;
+    if ((rc = cu_split_bf16(c, x, planes))) return rc;
     gg_args a = gg_io(planes, plane, y, K, N);
     a.table = table;
     a.tiles = tiles;

@@ -192,10 +192,10 @@ __device__ __forceinline__ void cu_pdl_enter() {
 int cu_check(cudaError_t e, const char *what);
 /* bf16 terms of an fp32 activation entering tensor cores (invariant 4). */
 #define CU_SPLIT 2
-/* x (fp32 rows, any stride) -> CU_SPLIT bf16 planes [CU_SPLIT][T][K] packed: x = t0 + t1 +
- * O(2^-18 |x|), each term the bf16 rounding of what the previous ones left (cuda_gemm.cu). */
-__global__ void k_split_bf16(const char *__restrict__ x, int64_t xs, __nv_bfloat16 *__restrict__ out,
-                             int64_t T, int64_t K);
+/* Queues x (fp32 rows [T, K], any stride) -> CU_SPLIT bf16 planes [CU_SPLIT][T][K] packed: x =
+ * t0 + t1 + O(2^-18 |x|), each term the bf16 rounding of what the previous ones left
+ * (cuda_gemm.cu); returns the launch status. */
+int cu_split_bf16(cu_ctx *c, const cn_tensor *x, __nv_bfloat16 *planes);
 
 /* The launch status of the last kernel (cudaGetLastError), mapped as cu_check. */
 int cu_launch_check(const char *what);
