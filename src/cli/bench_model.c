@@ -216,6 +216,9 @@ static int ckpt_prepare(ckpt *c, const char *model, const char *preset, int laye
         snprintf(c->dir, sizeof c->dir, "%s", model);
         return 0;
     }
+    /* NVFP4 is synthesised directly, each row quantized as it is generated (the whole model in
+     * BF16 first would take 63 GB of disk); the other formats quantize a BF16 synthesis */
+    const int direct = algo == CN_QALGO_NONE || algo == CN_QALGO_NVFP4;
     uint64_t need = 0;
     cn_synth_opts o;
     cn_synth_opts_init(&o);
@@ -224,8 +227,6 @@ static int ckpt_prepare(ckpt *c, const char *model, const char *preset, int laye
         o.seed = seed;
         o.mtp = 0;
         o.layers = layers;
-        /* NVFP4 is synthesised directly, each row quantized as it is generated: the whole model
-         * in BF16 first would take 63 GB of disk */
         if (algo == CN_QALGO_NVFP4) o.dtype = CN_NVFP4;
         cn_synth_info info;
         cn_err err;
@@ -234,7 +235,7 @@ static int ckpt_prepare(ckpt *c, const char *model, const char *preset, int laye
             fprintf(stderr, "cairn: %s\n", err.msg);
             return 1;
         }
-        need = info.tensor_bytes * (algo == CN_QALGO_NONE || algo == CN_QALGO_NVFP4 ? 1 : 2);
+        need = info.tensor_bytes * (direct ? 1 : 2);
     }
     /* the directory to load */
     if (work_dir) {
@@ -261,7 +262,7 @@ static int ckpt_prepare(ckpt *c, const char *model, const char *preset, int laye
     int rc = 0;
     if (!preset) {
         rc = quantize_into(model, c->dir, algo);
-    } else if (algo == CN_QALGO_NONE || algo == CN_QALGO_NVFP4) {
+    } else if (direct) {
         cn_err err;
         cn_err_clear(&err);
         if ((rc = cn_synth_write(c->dir, &o, &err) ? 1 : 0)) fprintf(stderr, "cairn: %s\n", err.msg);
