@@ -1046,9 +1046,9 @@ static void test_matmul_gather_ep(void **st) {
         }
 }
 
-/* The NVFP4 decode GEMV's fused forms (norm in; relu2, add or combine out; the gated norm; x
- * scaled into fp16's range) against a double reference from the dequantized weights: the CPU
- * backend quantizes NVFP4 activations to int8, so it is no reference at this tolerance. */
+/* The NVFP4 decode GEMV's fused forms (norm in; relu2, add or combine out; the gated norm; x far
+ * from 1, a NaN in x) against a double reference from the dequantized weights: the CPU backend
+ * rounds NVFP4 activations to one int8 term, so it is no reference at this tolerance. */
 
 /* ref[r][n] = dot(deq of expert ids[r] (or q), xin[r / k or r]) for R rows; returns max |ref|. */
 static double fp4_ref(const pq *q, const int32_t *ids, int k, const double *xin, int x_per_token,
@@ -1140,6 +1140,23 @@ static void test_fp4_ep(void **st) {
             pv_free(&y);
             pq_free(&w);
         }
+    /* a NaN in x reaches every output, as in the fp32 product (its block's scale carries it) */
+    {
+        pq w;
+        pq_make(&w, CN_NVFP4, 64, K);
+        pv x = pv_make(1, K, 3, -1, 1), y = pv_make(1, 64, 2, -3, 3);
+        float *xb = get(g_cu, &x.gp);
+        xb[x.off + 37] = NAN;
+        assert_int_equal(cn_backend_upload(g_cu, &x.gp, 0, xb, (uint64_t)x.W * sizeof(float)), 0);
+        assert_int_equal(cn_op_matmul(g_cu, &y.g, &w.g, &x.g), 0);
+        float *yh = get(g_cu, &y.g);
+        for (int64_t n = 0; n < 64; n++) assert_true(isnan(yh[n]));
+        free(yh);
+        free(xb);
+        pv_free(&x);
+        pv_free(&y);
+        pq_free(&w);
+    }
     /* gathered: a token's 6 of 8 experts with relu2 (x normalised per token), then combined
      * into the residual from per-row x; K = 1856 ends in a partial super-step */
     const int64_t KE = 1856;

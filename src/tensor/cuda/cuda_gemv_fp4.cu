@@ -1,69 +1,64 @@
 /* cuda_gemv_fp4.cu - the decode GEMV of NVFP4 weights (one x row, dense or per gathered expert
- * row) as m16n8k16 tensor-core products.
+ * row) as integer dot products.
  *
- * k_gemv1 decodes each nibble through a shared-memory table and multiplies in fp32, ~300
- * instructions per KiB of weights. Here a warp takes 16 weight rows; lane (g, t) (g = lane / 4,
- * t = lane % 4) works on 16 bytes (32 weights, two scale blocks) of rows g and g + 8 at chunk
- * 4 ss + t of super-step ss, so the group's 4 lanes cover 64 consecutive bytes of each row. The
- * k order inside a product is free as long as both operands follow it: mma s (0..7) of a
- * super-step pairs lane t's weights 4s..4s+3 of its chunk with x at those columns.
+ * A warp takes 16 weight rows; lane (g, t) (g = lane / 4, t = lane % 4) works on 16 bytes (32
+ * weights, two scale blocks) of rows g and g + 8 at chunk 4 ss + t of super-step ss, so the
+ * group's 4 lanes cover 64 consecutive bytes of each row.
  *  - Weights travel by cp.async into a ring of FP4_NST stages per warp (no registers held while
  *    in flight; the first stages are queued before x is staged), the scales with them.
- *  - Each nibble is spread into an E4M3 byte (value * 2^-6, exact), two at a time converted to
- *    half2 by the hardware and multiplied by the block scale * 2^6 in fp16 (E2M1 x E4M3 has at
- *    most 6 significant bits: exact).
- *  - x is staged once per block from registers (fp4_stage) as two fp16 terms (x 2^-p = hi + lo,
- *    |x 2^-p| <= 2^14, lo the rounding of the rest; cuda_impl.h (4)), fed as B's columns: hi in
- *    the even ones, lo in the odd, so one product takes both terms (the 8 columns would
- *    otherwise repeat one x) and lanes t == 0 hold each row's two sums, added at the end, with
- *    no lane reduction; four independent chains of products; the super-steps are split over S
- *    warps, partials summed in a fixed order, S the split whose busiest warp has the fewest
- *    super-steps in the one wave of resident blocks (its slowest block ends the launch).
+ *  - Nibbles become int8 (twice their E2M1 value, exact) by byte permutes from a table of the 8
+ *    magnitudes and one of their negations, picked by the sign bit (fp4_i8: 11 instructions for
+ *    8 weights, no conversion and no multiply per weight).
+ *  - x is staged once per block as three int8 terms per value with a scale per block of 16
+ *    (fp4_stage: 2^-24 of the block's largest magnitude), so each block's dot product is three
+ *    chains of 4 dp4a, combined exactly in one int32; the block scale (E4M3 weight scale times
+ *    x's block scale) then multiplies it once in fp32. The result is the fp32 product with the
+ *    dequantized weights up to rounding, as before (test_cuda_ops: 2e-5 against a double
+ *    reference); the CPU backend instead rounds x to one int8 term.
+ *  - The super-steps are split over S warps, partials summed in a fixed order, S the split
+ *    whose busiest warp has the fewest super-steps in the one wave of resident blocks (its
+ *    slowest block ends the launch); a row's 4 lanes are summed by two shuffles in a fixed order.
  *  - Before cu_pdl_enter (cuda_impl.h invariant 7) a block loads its norm weights and, dense,
  *    queues its first weight stages: both are on their way while the kernel before drains.
  * Rows, epilogues (g1_epi; fp4_write: one output per lane) and the one-wave grid are k_gemv1's.
  *
- * Both terms in one product (instead of one product per term) took slice decode from 2,161 and
- * 2,130 to 2,195 and 2,176 tok/s (alternating runs, `cairn bench --backend cuda --preset
- * nano-shape --layers 6 --weights nvfp4`).
- * Measured on the H200 against k_gemv1 (nano-shape slice, one decode token, ncu): the gated
- * out_proj 23.8 -> 14.8 us, the routed down experts 26.0 -> 21.1, the routed up experts 18.7 ->
- * 21.7, the others within 1 us; slice decode unchanged (1,766 against 1,775 tok/s). It is bound
- * by instructions per byte (F2FP and HMUL2 per weight pair), not by the memory.
- * An FP8 form (e4m3 nibbles straight into m16n8k32, x as four e4m3 terms, block scales applied
- * after each product) would take about half the instructions, but tools/fp8_mma_error.c finds it
- * within test_cuda_ops' 2e-5 only if Hopper's FP8 sums keep ~24 bits, not the reported 13; an
- * int8 form (s8 m16n8k32, exact int32 sums, x as three int8 terms) stays within 1e-6 there.
+ * Why integers: the form before (nibbles spread to E4M3 bytes, converted to half2 by the
+ * hardware, times the block scale in fp16, x as two fp16 terms into m16n8k16 tensor-core
+ * products) took about 6 instructions per weight and lane and was bound by them, not by the
+ * memory (ncu: DRAM 7-19% of peak, IPC 2.0; 381 warp instructions per KiB of weights). This one
+ * takes about 2.7. An FP8 form (tools/fp8_mma_error.c) misses 2e-5 with Hopper's truncated FP8
+ * sums; tensor-core int8 products would need an fp32 epilogue per (row, block, term) and gain
+ * nothing over dp4a here.
  * Never: other dtypes or shapes (cu_fp4_fits says no and k_gemv1 runs), more than one x row. */
 #include <cuda_fp8.h>
 
 #include "tensor/cuda/cuda_impl.h"
 
-#define MM_FP4_MAXK 5120 /* staging: K (hi, lo) fp16 pairs in registers, then 20 KiB */
+#define MM_FP4_MAXK 5120 /* staging: K values in registers, then 16.25 KiB of terms and scales */
 
-/* Nibbles of v (weights 8q..8q+7 of a chunk) as E4M3 bytes, value * 2^-6: lo holds weights
- * 0..3 (bytes 0 and 1: w0 w1 w2 w3), hi weights 4..7. */
-__device__ __forceinline__ void fp4_spread(unsigned v, unsigned &lo, unsigned &hi) {
-    const unsigned e = ((v << 2) & 0x1C1C1C1Cu) | ((v << 4) & 0x80808080u); /* low nibbles */
-    const unsigned o = ((v >> 2) & 0x1C1C1C1Cu) | (v & 0x80808080u);        /* high nibbles */
-    lo = __byte_perm(e, o, 0x5140);
-    hi = __byte_perm(e, o, 0x7362);
+/* Twice the E2M1 values of magnitude codes 0..7 as int8, and their negations (bytes 0..3 in
+ * *0, 4..7 in *1). */
+#define FP4_P0 0x03020100u
+#define FP4_P1 0x0C080604u
+#define FP4_N0 0xFDFEFF00u
+#define FP4_N1 0xF4F8FAFCu
+
+/* prmt.b32 in its default mode: byte i of the result is byte (s >> 4i) & 7 of (b:a), sign-filled
+ * when bit 3 of that nibble is set (so magnitudes go in with their sign bits cleared). */
+__device__ __forceinline__ unsigned fp4_prmt(unsigned a, unsigned b, unsigned s) {
+    unsigned d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(s));
+    return d;
 }
 
-/* Two E4M3 values (the low 16 bits) as half2, times the half2 scale. */
-__device__ __forceinline__ unsigned fp4_h2(unsigned e4m3x2, unsigned scale) {
-    const __half2_raw r =
-        __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(e4m3x2 & 0xffffu), __NV_E4M3);
-    const __half2 h = __hmul2(*(const __half2 *)&r, *(const __half2 *)&scale);
-    return *(const unsigned *)&h;
-}
-
-/* d += A B for one m16n8k16 product (fp16 in, fp32 sums). */
-__device__ __forceinline__ void fp4_mma(float d[4], const unsigned a[4], unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-                 "{%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+/* The 8 nibbles of v (weights 0..7, low nibble first) as int8 2 * e2m1: lo holds weights 0..3,
+ * hi 4..7. Positive and negated magnitudes are looked up, then each byte is picked by its
+ * nibble's sign (selector i + 4 s_i): 11 instructions for 8 weights, no conversion. */
+__device__ __forceinline__ void fp4_i8(unsigned v, int &lo, int &hi) {
+    const unsigned m = v & 0x77777777u, mh = m >> 16;
+    const unsigned s = ((v >> 1) & 0x44444444u) | 0x32103210u;
+    lo = (int)fp4_prmt(fp4_prmt(FP4_P0, FP4_P1, m), fp4_prmt(FP4_N0, FP4_N1, m), s);
+    hi = (int)fp4_prmt(fp4_prmt(FP4_P0, FP4_P1, mh), fp4_prmt(FP4_N0, FP4_N1, mh), s >> 16);
 }
 
 #define FP4_NST 4                          /* super-steps in flight per warp (cp.async ring) */
@@ -122,17 +117,35 @@ __device__ __forceinline__ void fp4_norm_load(const g1_epi &epi, int K, float4 (
     }
 }
 
+/* x as k_gemv_fp4 reads it: per 32-value chunk c, FP4_XT int8 terms of 32 bytes each (xq + c *
+ * FP4_XCH), and per block of 16 its scale (xd[2c], xd[2c + 1]). With d = amax / 127 for the
+ * block, x = d (q0 + q1 / 254 + q2 / 254^2) to within d / 2 / 254^3 (2^-24 of the block's
+ * largest magnitude): q0 = rint(x / d), each next term the rounding of 254 times the rest, all in
+ * [-127, 127]. A block's three integer dot products then combine exactly in one int32 (at most
+ * 16 * 12 * 127 * (254^2 + 254 + 1) < 2^31), and xd holds d / 254^2 / 2 (the weights are twice
+ * their E2M1 values). */
+#define FP4_XT 3
+#define FP4_XCH (FP4_XT * 32)
+#define FP4_R 254
+
+/* max(a, b), NaN when either is (fmaxf would drop a NaN value from its block's scale). */
+__device__ __forceinline__ float fp4_max(float a, float b) {
+    float d;
+    asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b));
+    return d;
+}
+
 /* Stages the x row xr (K values, K % 64 == 0) for k_gemv_fp4 straight from registers: each
- * thread holds 4 consecutive values per pass, normalised as epi says (k_gemv1's g1_stage, same
- * formulas), scaled by 2^-p so that the largest magnitude stays within 2^14, and stored as one
- * uint4 of (hi, lo) fp16 pairs at its swizzled place; chunks K / 32 .. n_pad - 1 are zeros, so
- * the last super-step needs no bounds. nv: fp4_norm_load's. Returns the row's norm scale (1 without) times 2^p, to
+ * thread holds 4 consecutive values per pass (a quarter of a block), normalised as epi says
+ * (k_gemv1's g1_stage, same formulas), and stores their three int8 terms; its block's 4 threads
+ * agree on the scale by two shuffles. Chunks K / 32 .. n_pad - 1 are zeros, so the last
+ * super-step needs no bounds. nv: fp4_norm_load's. Returns the row's norm scale (1 without), to
  * multiply each output. Every thread calls it; it ends with a __syncthreads. */
 __device__ __forceinline__ float fp4_stage(const float *__restrict__ xr, int K, const g1_epi &epi,
-                                           uint4 *xq, int n_pad, const float4 (&nv)[FP4_XP]) {
+                                           char *xq, float *xd, int n_pad,
+                                           const float4 (&nv)[FP4_XP]) {
     __shared__ double gsq[FP4_XP * 8]; /* squares per (pass, warp): 128 values, one group's part */
     __shared__ double ssw[8];
-    __shared__ float mw[8];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const bool vec = !(((uintptr_t)xr | (uintptr_t)epi.gate) & 15u);
     float4 v[FP4_XP];
@@ -165,13 +178,15 @@ __device__ __forceinline__ float fp4_stage(const float *__restrict__ xr, int K, 
         }
     }
     if (epi.gate) __syncthreads();
-    float m = 0.0f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (lane == 0) ssw[warp] = ss;
 #pragma unroll
     for (int p = 0; p < FP4_XP; p++) {
         const int i = 4 * (tid + 256 * p);
-        if (i >= K) break;
+        if (4 * 256 * p >= K) break; /* the same for the whole block */
         float4 a = v[p];
-        if (epi.gate) { /* the group's 128-value parts summed in a fixed order: replays are exact */
+        if (i < K && epi.gate) { /* the group's 128-value parts summed in a fixed order */
             const int u0 = (i / epi.group) * (epi.group / 128), nu = epi.group / 128;
             double sg = 0.0;
             for (int u = u0; u < u0 + nu; u++) sg += gsq[u];
@@ -179,51 +194,43 @@ __device__ __forceinline__ float fp4_stage(const float *__restrict__ xr, int K, 
             const float4 n = nv[p];
             a = make_float4(n.x * (a.x * inv), n.y * (a.y * inv), n.z * (a.z * inv),
                             n.w * (a.w * inv));
-        } else if (epi.norm) {
+        } else if (i < K && epi.norm) {
             const float4 n = nv[p];
             a = make_float4(n.x * a.x, n.y * a.y, n.z * a.z, n.w * a.w);
         }
-        v[p] = a;
-        m = fmaxf(m, fmaxf(fmaxf(fabsf(a.x), fabsf(a.y)), fmaxf(fabsf(a.z), fabsf(a.w))));
-    }
+        /* the block's largest magnitude: its 4 threads are lanes 4j..4j+3 (K % 16 == 0: all in
+         * or all out) */
+        float m = fp4_max(fp4_max(fabsf(a.x), fabsf(a.y)), fp4_max(fabsf(a.z), fabsf(a.w)));
+        m = fp4_max(m, __shfl_xor_sync(0xffffffffu, m, 1));
+        m = fp4_max(m, __shfl_xor_sync(0xffffffffu, m, 2));
+        if (i >= K) continue;
+        /* a non-finite block (NaN included: fp4_max keeps it) keeps q = 0 and carries the
+         * non-finite scale into the result */
+        const float id = m > 0.0f && m <= 3.4028235e38f ? 127.0f / m : 0.0f;
+        const float f[4] = {a.x * id, a.y * id, a.z * id, a.w * id};
+        unsigned wq[FP4_XT] = {};
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        for (int j = 0; j < 4; j++) {
+            float r = f[j];
+#pragma unroll
+            for (int u = 0; u < FP4_XT; u++) {
+                const int q = __float2int_rn(r);
+                wq[u] |= (unsigned)(q & 0xff) << (8 * j);
+                r = (r - (float)q) * (float)FP4_R; /* r - q: exact */
+            }
+        }
+        char *cq = xq + (i >> 5) * FP4_XCH + (i & 31);
+#pragma unroll
+        for (int u = 0; u < FP4_XT; u++) *(unsigned *)(cq + 32 * u) = wq[u];
+        if ((i & 15) == 0) xd[i >> 4] = m / 127.0f / (float)(2 * FP4_R * FP4_R);
     }
-    if (lane == 0) {
-        ssw[warp] = ss;
-        mw[warp] = m;
-    }
+    for (int i = (K / 32) * (FP4_XCH / 4) + tid; i < n_pad * (FP4_XCH / 4); i += blockDim.x)
+        ((unsigned *)xq)[i] = 0;
+    for (int i = K / 16 + tid; i < 2 * n_pad; i += blockDim.x) xd[i] = 0.0f;
     __syncthreads();
     double t = 0.0;
-    m = 0.0f;
-    for (int i = 0; i < 8; i++) {
-        t += ssw[i];
-        m = fmaxf(m, mw[i]);
-    }
-    int e = 0; /* x 2^-e within fp16's range */
-    if (m > 16384.0f && m <= 3.0e38f) e = ilogbf(m) - 13;
-    const float down = ldexpf(1.0f, -e);
-#pragma unroll
-    for (int p = 0; p < FP4_XP; p++) {
-        const int i = 4 * (tid + 256 * p);
-        if (i >= K) break;
-        const float4 a = v[p];
-        const __half2 h01 = __floats2half2_rn(a.x * down, a.y * down);
-        const __half2 h23 = __floats2half2_rn(a.z * down, a.w * down);
-        const __half2 l01 =
-            __floats2half2_rn(a.x * down - __low2float(h01), a.y * down - __high2float(h01));
-        const __half2 l23 =
-            __floats2half2_rn(a.z * down - __low2float(h23), a.w * down - __high2float(h23));
-        const int c = i >> 5, s = (i >> 2) & 7;
-        xq[c * 8 + (s ^ (c & 7))] = make_uint4(*(const unsigned *)&h01, *(const unsigned *)&l01,
-                                               *(const unsigned *)&h23, *(const unsigned *)&l23);
-    }
-    for (int i = (K / 32) * 8 + tid; i < n_pad * 8; i += blockDim.x) xq[i] = make_uint4(0, 0, 0, 0);
-    __syncthreads();
-    const float rs = epi.norm && !epi.gate ? (float)(1.0 / sqrt(t / (double)K + epi.eps)) : 1.0f;
-    return rs * ldexpf(1.0f, e);
+    for (int i = 0; i < 8; i++) t += ssw[i];
+    return epi.norm && !epi.gate ? (float)(1.0 / sqrt(t / (double)K + epi.eps)) : 1.0f;
 }
 
 __global__ void __launch_bounds__(256, 2)
@@ -276,70 +283,65 @@ __global__ void __launch_bounds__(256, 2)
     };
     for (int j = 0; j < FP4_NST - 1 && per; j++) issue();
     if (!table) cu_pdl_enter(); /* dense: the weights were on their way before (invariant 7) */
-    uint4 *xq = (uint4 *)((char *)g1_x + FP4_RING);
-    const float post = fp4_stage((const float *)(x + xrow * xs), K, epi, xq, 4 * n_ss, nv);
+    char *xq = (char *)g1_x + FP4_RING;
+    float *xd = (float *)(xq + (size_t)4 * n_ss * FP4_XCH);
+    const float post = fp4_stage((const float *)(x + xrow * xs), K, epi, xq, xd, 4 * n_ss, nv);
     const bool combine = table && epi.ep == CN_EP_ACC;
-    const unsigned s64 = 0x54005400u; /* half2 (64, 64) */
     int slot = 0;
     for (int it = 0; it < n_iter; it++) {
         const int tile = first + gi + it * gstep;
-        /* four accumulators: the tensor-core products of one chain wait for each other */
-        float d[4][4] = {};
+        float acc[2] = {0.0f, 0.0f}; /* rows g and g + 8, over this lane's chunks */
         for (int q8 = 0; q8 < per; q8++) {
             issue();
             asm volatile("cp.async.wait_group %0;\n" ::"n"(FP4_NST - 1));
             __syncwarp();
             if (tile < n_tiles) {
                 const char *st = ring + slot * FP4_STAGE;
-                const uint4 ca = ((const uint4 *)st)[lane], cb = ((const uint4 *)(st + 512))[lane];
-                const unsigned csa = *(const unsigned short *)(st + 1024 + g * 8 + 2 * t);
-                const unsigned csb = *(const unsigned short *)(st + 1024 + (g + 8) * 8 + 2 * t);
                 const int c = 4 * (si + q8 * S) + t; /* past K: zero weights and zero x */
-                unsigned sca, scb; /* half2 (s0, s1) * 64 */
-                {
-                    const __half2_raw ha =
-                        __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)csa, __NV_E4M3);
-                    const __half2_raw hb =
-                        __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)csb, __NV_E4M3);
-                    const __half2 a2 = __hmul2(*(const __half2 *)&ha, *(const __half2 *)&s64);
-                    const __half2 b2 = __hmul2(*(const __half2 *)&hb, *(const __half2 *)&s64);
-                    sca = *(const unsigned *)&a2;
-                    scb = *(const unsigned *)&b2;
-                }
-                const unsigned sa0 = __byte_perm(sca, 0, 0x1010), sa1 = __byte_perm(sca, 0, 0x3232);
-                const unsigned sb0 = __byte_perm(scb, 0, 0x1010), sb1 = __byte_perm(scb, 0, 0x3232);
-                const unsigned wa[4] = {ca.x, ca.y, ca.z, ca.w}, wb[4] = {cb.x, cb.y, cb.z, cb.w};
-                const uint4 *xc = xq + c * 8;
-                const int sw = c & 7, lo = g & 1; /* B's even columns x's hi terms, odd lo */
+                const uint4 *xc = (const uint4 *)(xq + c * FP4_XCH);
+                uint4 xv[2 * FP4_XT];
 #pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    unsigned la, ha, lb, hb;
-                    fp4_spread(wa[q], la, ha);
-                    fp4_spread(wb[q], lb, hb);
+                for (int u = 0; u < 2 * FP4_XT; u++) xv[u] = xc[u];
+                const float2 dd = ((const float2 *)xd)[c];
 #pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        const int s = 2 * q + h;
-                        const unsigned pa = h ? ha : la, pb = h ? hb : lb;
-                        const unsigned ka = s < 4 ? sa0 : sa1, kb = s < 4 ? sb0 : sb1;
-                        const unsigned a[4] = {fp4_h2(pa, ka), fp4_h2(pb, kb), fp4_h2(pa >> 16, ka),
-                                               fp4_h2(pb >> 16, kb)};
-                        const uint4 xv = xc[s ^ sw];
-                        fp4_mma(d[s & 3], a, lo ? xv.y : xv.x, lo ? xv.w : xv.z);
+                for (int h = 0; h < 2; h++) { /* row g, then g + 8 */
+                    const uint4 cw = ((const uint4 *)(st + 512 * h))[lane];
+                    const unsigned cs = *(const unsigned short *)(st + 1024 + (g + 8 * h) * 8 + 2 * t);
+                    const __half2_raw sr =
+                        __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)cs, __NV_E4M3);
+                    const float2 sc = __half22float2(*(const __half2 *)&sr);
+                    const unsigned wv[4] = {cw.x, cw.y, cw.z, cw.w};
+#pragma unroll
+                    for (int b = 0; b < 2; b++) { /* the chunk's two blocks of 16 */
+                        int w8[4];
+                        fp4_i8(wv[2 * b], w8[0], w8[1]);
+                        fp4_i8(wv[2 * b + 1], w8[2], w8[3]);
+                        int sum = 0;
+#pragma unroll
+                        for (int u = 0; u < FP4_XT; u++) {
+                            const uint4 xa = xv[2 * u + b];
+                            int d = __dp4a(w8[0], (int)xa.x, 0);
+                            d = __dp4a(w8[1], (int)xa.y, d);
+                            d = __dp4a(w8[2], (int)xa.z, d);
+                            d = __dp4a(w8[3], (int)xa.w, d);
+                            sum = sum * FP4_R + d;
+                        }
+                        acc[h] = fmaf((float)sum, (b ? sc.y : sc.x) * (b ? dd.y : dd.x), acc[h]);
                     }
                 }
             }
             __syncwarp(); /* every lane has read the stage before it is queued again */
             slot = slot == FP4_NST - 1 ? 0 : slot + 1;
         }
-        /* the four chains summed in a fixed order, each row's hi terms (column 0) then its lo
-         * terms (column 1) */
-        d[0][0] = ((d[0][0] + d[1][0]) + (d[2][0] + d[3][0])) +
-                  ((d[0][1] + d[1][1]) + (d[2][1] + d[3][1]));
-        d[0][2] = ((d[0][2] + d[1][2]) + (d[2][2] + d[3][2])) +
-                  ((d[0][3] + d[1][3]) + (d[2][3] + d[3][3]));
+        /* each row's four lanes summed in a fixed order: (t0 + t1) + (t2 + t3) */
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            acc[h] += __shfl_xor_sync(0xffffffffu, acc[h], 1);
+            acc[h] += __shfl_xor_sync(0xffffffffu, acc[h], 2);
+        }
         if (t == 0) {
-            part[warp][g] = d[0][0];
-            part[warp][g + 8] = d[0][2];
+            part[warp][g] = acc[0];
+            part[warp][g + 8] = acc[1];
         }
         __syncthreads();
         if (si == 0 && tile < n_tiles) {
@@ -361,7 +363,7 @@ void cu_gemv_fp4(cu_ctx *c, const cu_wexp &dense, const cu_wexp *table, int n_w,
                  const cn_tensor *ids, int k, const cn_tensor *x, int x_per_token, cn_tensor *y,
                  int64_t K, int64_t N, int rows, const g1_epi &epi) {
     int &per_sm = c->fp4_blocks; /* resident blocks per SM, asked once (largest staging) */
-    const int most = FP4_RING + MM_FP4_MAXK * 4;
+    const int most = FP4_RING + MM_FP4_MAXK / 32 * (FP4_XCH + 8);
     if (!per_sm &&
         (cudaFuncSetAttribute(k_gemv_fp4, cudaFuncAttributeMaxDynamicSharedMemorySize, most) !=
              cudaSuccess ||
@@ -383,7 +385,7 @@ void cu_gemv_fp4(cu_ctx *c, const cu_wexp &dense, const cu_wexp *table, int n_w,
     }
     const int64_t bx = (n_tiles + 8 / S - 1) / (8 / S);
     const dim3 grid((unsigned)(bx > cap ? cap : bx), (unsigned)rows);
-    cu_launch(c, k_gemv_fp4, grid, 256, (size_t)FP4_RING + (size_t)n_ss * 4 * 128,
+    cu_launch(c, k_gemv_fp4, grid, 256, (size_t)FP4_RING + (size_t)n_ss * 4 * (FP4_XCH + 8),
         dense, table, n_w, ids ? (const char *)ids->data : NULL, ids ? ids->stride[0] : 0, k,
         (const char *)x->data, x->stride[0], x_per_token, (char *)y->data, y->stride[0], (int)K,
         (int)N, S, rows, c->flag_dev, epi);
