@@ -255,55 +255,87 @@ __device__ __forceinline__ void g1_write(const g1_epi &e, bool combine, char *__
 
 /* Stages the x row xr (K values) in shared memory xsm for k_gemv1: float4 f at
  * f ^ ((f / 8) mod Q) (Q = 1: in order), normalised as epi says; returns the row's norm scale (1
- * without), which multiplies each output. Every thread of the block (256) calls it; it ends with
- * a __syncthreads. */
+ * without), which multiplies each output. Each thread takes float4s tid + 256 p, G1_SP passes'
+ * loads in flight at once (one at a time, every pass waited for its memory round: 16 passes made
+ * the gated out_proj, K = 4096, take 34.6 us against 13-14 for plain GEMVs of its size). Every
+ * thread of the block (256) calls it; it ends with a __syncthreads. */
+#define G1_SP 2
+__device__ __forceinline__ float4 g1_ld4(const float *p, bool vec) {
+    return vec ? *(const float4 *)p : make_float4(p[0], p[1], p[2], p[3]);
+}
+
 template <int Q>
 __device__ __forceinline__ float g1_stage(const float *__restrict__ xr, float *xsm, int64_t K,
                                           const g1_epi &epi) {
-    const int tid = threadIdx.x;
+    __shared__ double gsq[MM_G1_MAXK / 128]; /* gated: squares per 128 values (a warp's pass) */
+    __shared__ float ginv[MM_G1_MAXK / 256];
+    __shared__ double ssw[8];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nf = (int)(K >> 2);
+    const bool vec = !(((uintptr_t)xr | (uintptr_t)epi.gate | (uintptr_t)epi.norm) & 15u);
+    float4 *x4 = (float4 *)xsm;
     double ss = 0.0;
-    if (epi.gate) { /* g = x silu(z); each thread's squares of one group summed, then a warp sum in gws */
-        __shared__ double gws[MM_G1_MAXK / 256][8];
-        __shared__ float ginv[MM_G1_MAXK / 256];
-        const int per = epi.group / 256; /* the block's passes over one group */
-        double p = 0.0;
-        for (int64_t i = tid, j = 0; i < K; i += blockDim.x, j++) {
-            const int64_t f = i >> 2;
-            const float zv = epi.gate[i];
-            const float v = xr[i] * (zv / (1.0f + expf(-zv)));
-            xsm[((f ^ ((f >> 3) & (Q - 1))) << 2) | (i & 3)] = v;
-            p += (double)v * v;
-            if ((j + 1) % per == 0) {
+    for (int p0 = 0; p0 * 256 < nf; p0 += G1_SP) {
+        float4 v[G1_SP];
 #pragma unroll
-                for (int o = 16; o > 0; o >>= 1) p += __shfl_xor_sync(0xffffffffu, p, o);
-                if ((tid & 31) == 0) gws[j / per][tid >> 5] = p;
-                p = 0.0;
+        for (int b = 0; b < G1_SP; b++) {
+            const int f = tid + 256 * (p0 + b);
+            v[b] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (f < nf) {
+                v[b] = g1_ld4(xr + 4 * f, vec);
+                if (epi.gate) { /* g = x silu(z) */
+                    const float4 z = g1_ld4(epi.gate + 4 * f, vec);
+                    v[b].x *= z.x / (1.0f + expf(-z.x));
+                    v[b].y *= z.y / (1.0f + expf(-z.y));
+                    v[b].z *= z.z / (1.0f + expf(-z.z));
+                    v[b].w *= z.w / (1.0f + expf(-z.w));
+                }
             }
         }
+#pragma unroll
+        for (int b = 0; b < G1_SP; b++) {
+            const int p = p0 + b, f = tid + 256 * p;
+            double q = (double)v[b].x * v[b].x;
+            q += (double)v[b].y * v[b].y;
+            q += (double)v[b].z * v[b].z;
+            q += (double)v[b].w * v[b].w;
+            if (!epi.gate) {
+                ss += q;
+            } else if (256 * p < nf) { /* K % 256 == 0 here: whole warps in or out */
+#pragma unroll
+                for (int o = 16; o > 0; o >>= 1) q += __shfl_xor_sync(0xffffffffu, q, o);
+                if (lane == 0) gsq[p * 8 + warp] = q;
+            }
+            if (f < nf) {
+                float4 o = v[b];
+                if (epi.norm && !epi.gate) {
+                    const float4 n = g1_ld4(epi.norm + 4 * f, vec);
+                    o = make_float4(n.x * o.x, n.y * o.y, n.z * o.z, n.w * o.w);
+                }
+                x4[f ^ ((f >> 3) & (Q - 1))] = o;
+            }
+        }
+    }
+    if (epi.gate) {
         __syncthreads();
         if (tid < (int)(K / epi.group)) { /* group sums in a fixed order: replays are exact */
+            const int nu = epi.group / 128;
             double sg = 0.0;
-            for (int wi = 0; wi < 8; wi++) sg += gws[tid][wi];
+            for (int u = tid * nu; u < (tid + 1) * nu; u++) sg += gsq[u];
             ginv[tid] = (float)(1.0 / sqrt(sg / (double)epi.group + epi.eps));
         }
         __syncthreads();
-        for (int64_t i = tid; i < K; i += blockDim.x) {
-            const int64_t f = i >> 2, at = ((f ^ ((f >> 3) & (Q - 1))) << 2) | (i & 3);
-            xsm[at] = epi.norm[i] * (xsm[at] * ginv[i / epi.group]);
-        }
-    } else { /* the plain norm: norm * x staged, its one scale per row applied to each output */
-        for (int64_t i = tid; i < K; i += blockDim.x) { /* float4 f at f ^ ((f / 8) mod Q) */
-            const int64_t f = i >> 2;
-            const float v = xr[i];
-            xsm[((f ^ ((f >> 3) & (Q - 1))) << 2) | (i & 3)] = epi.norm ? epi.norm[i] * v : v;
-            ss += (double)v * v;
+        for (int f = tid; f < nf; f += blockDim.x) {
+            const float inv = ginv[4 * f / epi.group];
+            const float4 n = g1_ld4(epi.norm + 4 * f, vec);
+            float4 &o = x4[f ^ ((f >> 3) & (Q - 1))];
+            o = make_float4(n.x * (o.x * inv), n.y * (o.y * inv), n.z * (o.z * inv),
+                            n.w * (o.w * inv));
         }
     }
-    __shared__ double ssw[8];
     if (epi.norm && !epi.gate) { /* the sum of squares waits for the sync the staging needs */
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        if ((tid & 31) == 0) ssw[tid >> 5] = ss;
+        if (lane == 0) ssw[warp] = ss;
     }
     __syncthreads();
     float rs = 1.0f; /* the row's norm scale, 1 without (x * 1.0f is exact) */
