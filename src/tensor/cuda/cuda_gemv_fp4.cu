@@ -258,26 +258,42 @@ __global__ void __launch_bounds__(256, 2)
     char *ring = (char *)g1_x + (size_t)warp * FP4_NST * FP4_STAGE;
     /* Queues the next item's copies (chunk 4 ss + t of rows g and g + 8, 8 scale bytes of each
      * of the tile's 16 rows) into stage `slot`, zero-filled past K; always one commit group. The
-     * items run through (it, q): tile first + gi + it * gstep, super-step si + q * S. */
+     * items run through (it, q): tile first + gi + it * gstep, super-step si + q * S. The source
+     * pointers are set once per tile and step on by S super-steps (64-bit row offsets per item
+     * were a sixth of the loop's instructions). */
     int it_i = 0, q_i = 0, slot_i = 0;
+    bool tile_ok = false;
+    const char *pa = NULL, *pb = NULL;
+    const unsigned char *ps = NULL;
+    auto set_tile = [&]() {
+        const int tile = first + gi + it_i * gstep;
+        tile_ok = it_i < n_iter && tile < n_tiles;
+        if (!tile_ok) return;
+        const int na = min(tile * 16 + g, N - 1), nb = min(tile * 16 + g + 8, N - 1);
+        const int ns = min(tile * 16 + (lane >> 1), N - 1); /* lane's scales: row lane / 2 */
+        pa = w.data + (int64_t)na * w.stride + (4 * si + t) * 16;
+        pb = w.data + (int64_t)nb * w.stride + (4 * si + t) * 16;
+        ps = w.bs + (int64_t)ns * w.bs_stride + 8 * si + 4 * (lane & 1);
+    };
+    set_tile();
     auto issue = [&]() {
-        const int tile = first + gi + it_i * gstep, ss = si + q_i * S;
-        if (it_i < n_iter && tile < n_tiles) {
+        if (tile_ok) {
             char *st = ring + slot_i * FP4_STAGE;
-            const int c = 4 * ss + t, ok = c < nu, cc = ok ? c : 0;
-            const int na = min(tile * 16 + g, N - 1), nb = min(tile * 16 + g + 8, N - 1);
-            fp4_cp16(st + lane * 16, w.data + (int64_t)na * w.stride + cc * 16, ok ? 16 : 0);
-            fp4_cp16(st + 512 + lane * 16, w.data + (int64_t)nb * w.stride + cc * 16, ok ? 16 : 0);
-            /* lane's scales: chunks c0, c0 + 1 of row rr (K % 64 == 0: nu is even, so c0 + 1 < nu
-             * with c0) */
-            const int rr = lane >> 1, c0 = 4 * ss + 2 * (lane & 1), ns = min(tile * 16 + rr, N - 1);
-            fp4_cp4(st + 1024 + lane * 4, w.bs + (int64_t)ns * w.bs_stride + (c0 < nu ? 2 * c0 : 0),
-                    c0 < nu ? 4 : 0);
+            const int ss = si + q_i * S, ok = 4 * ss + t < nu;
+            fp4_cp16(st + lane * 16, ok ? pa : w.data, ok ? 16 : 0);
+            fp4_cp16(st + 512 + lane * 16, ok ? pb : w.data, ok ? 16 : 0);
+            /* chunks c0, c0 + 1 (K % 64 == 0: nu is even, so c0 + 1 < nu with c0) */
+            const int sok = 4 * ss + 2 * (lane & 1) < nu;
+            fp4_cp4(st + 1024 + lane * 4, sok ? ps : w.bs, sok ? 4 : 0);
+            pa += 64 * S;
+            pb += 64 * S;
+            ps += 8 * S;
         }
         asm volatile("cp.async.commit_group;\n" ::);
         if (++q_i == per) {
             q_i = 0;
             it_i++;
+            set_tile();
         }
         slot_i = slot_i == FP4_NST - 1 ? 0 : slot_i + 1;
     };
