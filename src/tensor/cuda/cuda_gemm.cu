@@ -5,7 +5,7 @@
  * applied to each weight - the decode GEMV to each block's partial sum - so the result is the fp32
  * product with the dequantized weights up to rounding; the CPU instead quantizes activations to
  * int8 for NVFP4); activations stay fp32. Dense paths, by rows T:
- *   T = 1, NVFP4, K % 64 == 0  the tensor-core decode GEMV (k_gemv_fp4, see there)
+ *   T = 1, NVFP4, K % 64 == 0  the integer decode GEMV (k_gemv_fp4, see there)
  *   T = 1, rows in 16 bytes    the decode GEMV (k_gemv1): x in shared memory, 2 weight rows per
  *                              warp, K split over warps when N is small (see there)
  *   T <= MM_GEMV_ROWS          a warp per weight row, all T rows at once (weights read once,

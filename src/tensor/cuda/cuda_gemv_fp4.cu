@@ -24,11 +24,13 @@
  *
  * Why integers: the form before (nibbles spread to E4M3 bytes, converted to half2 by the
  * hardware, times the block scale in fp16, x as two fp16 terms into m16n8k16 tensor-core
- * products) took about 6 instructions per weight and lane and was bound by them, not by the
- * memory (ncu: DRAM 7-19% of peak, IPC 2.0; 381 warp instructions per KiB of weights). This one
- * takes about 2.7. An FP8 form (tools/fp8_mma_error.c) misses 2e-5 with Hopper's truncated FP8
- * sums; tensor-core int8 products would need an fp32 epilogue per (row, block, term) and gain
- * nothing over dp4a here.
+ * products) was bound by instruction issue, not by the memory (ncu: DRAM 7-19% of peak, IPC
+ * 2.0). This one issues about as many (ncu, the Mamba in_proj, 15.7 MB: 6.28 M warp
+ * instructions against 5.98 M, a sixth of them the three-term staging, 300 a super-step in the
+ * loop by the SASS before the per-tile pointers) but stalls less: whole-model decode 398.6 ->
+ * 413.7 tok/s in one run (`cairn bench --backend cuda --preset nano-shape --weights nvfp4`).
+ * An FP8 form (tools/fp8_mma_error.c) misses 2e-5 with Hopper's truncated FP8 sums; tensor-core
+ * int8 products would need an fp32 epilogue per (row, block, term) and gain nothing over dp4a.
  * Never: other dtypes or shapes (cu_fp4_fits says no and k_gemv1 runs), more than one x row. */
 #include <cuda_fp8.h>
 

@@ -486,9 +486,9 @@ __device__ __forceinline__ float g1_combined(const g1_epi &e, int t, int k, int6
     return a;
 }
 
-/* The NVFP4 decode GEMV on tensor cores (cuda_gemv_fp4.cu): whether it takes these weights (every
- * expert of a list), and the launch, with k_gemv1's arguments: y[r] = epilogue(W_r x_r) for the
- * dense weight (table NULL, one row) or the `rows` gathered rows of a decode token. */
+/* The NVFP4 decode GEMV as int8 dot products (cuda_gemv_fp4.cu): whether it takes these weights
+ * (every expert of a list), and the launch, with k_gemv1's arguments: y[r] = epilogue(W_r x_r)
+ * for the dense weight (table NULL, one row) or the `rows` gathered rows of a decode token. */
 bool cu_fp4_fits(const cn_tensor *const *w, int n_w, int64_t K);
 void cu_gemv_fp4(cu_ctx *c, const cu_wexp &dense, const cu_wexp *table, int n_w,
                  const cn_tensor *ids, int k, const cn_tensor *x, int x_per_token, cn_tensor *y,
