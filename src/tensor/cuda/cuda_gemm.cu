@@ -255,10 +255,11 @@ __device__ __forceinline__ void g1_write(const g1_epi &e, bool combine, char *__
 
 /* Stages the x row xr (K values) in shared memory xsm for k_gemv1: float4 f at
  * f ^ ((f / 8) mod Q) (Q = 1: in order), normalised as epi says; returns the row's norm scale (1
- * without), which multiplies each output. Each thread takes float4s tid + 256 p, G1_SP passes'
- * loads in flight at once (one at a time, every pass waited for its memory round: 16 passes made
- * the gated out_proj, K = 4096, take 34.6 us against 13-14 for plain GEMVs of its size). Every
- * thread of the block (256) calls it; it ends with a __syncthreads. */
+ * without), which multiplies each output. Each thread takes float4s tid + 256 p, with G1_SP
+ * passes' loads in flight at once (a pass at a time, each waiting for its own memory round, the
+ * gated out_proj's 16 passes took 34.6 us against 13-14 for plain GEMVs of its size). K % 4
+ * == 0 (every caller's rows load 16 bytes at a time); x may sit at any alignment. Every thread
+ * of the block (256) calls it; it ends with a __syncthreads. */
 #define G1_SP 2
 __device__ __forceinline__ float4 g1_ld4(const float *p, bool vec) {
     return vec ? *(const float4 *)p : make_float4(p[0], p[1], p[2], p[3]);
