@@ -261,10 +261,6 @@ __device__ __forceinline__ void g1_write(const g1_epi &e, bool combine, char *__
  * == 0 (every caller's rows load 16 bytes at a time); x may sit at any alignment. Every thread
  * of the block (256) calls it; it ends with a __syncthreads. */
 #define G1_SP 2
-__device__ __forceinline__ float4 g1_ld4(const float *p, bool vec) {
-    return vec ? *(const float4 *)p : make_float4(p[0], p[1], p[2], p[3]);
-}
-
 template <int Q>
 __device__ __forceinline__ float g1_stage(const float *__restrict__ xr, float *xsm, int64_t K,
                                           const g1_epi &epi) {
@@ -282,9 +278,9 @@ __device__ __forceinline__ float g1_stage(const float *__restrict__ xr, float *x
             const int f = tid + 256 * (p0 + b);
             v[b] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             if (f < nf) {
-                v[b] = g1_ld4(xr + 4 * f, vec);
+                v[b] = cu_ld4(xr + 4 * f, vec);
                 if (epi.gate) { /* g = x silu(z) */
-                    const float4 z = g1_ld4(epi.gate + 4 * f, vec);
+                    const float4 z = cu_ld4(epi.gate + 4 * f, vec);
                     v[b].x *= z.x / (1.0f + expf(-z.x));
                     v[b].y *= z.y / (1.0f + expf(-z.y));
                     v[b].z *= z.z / (1.0f + expf(-z.z));
@@ -309,7 +305,7 @@ __device__ __forceinline__ float g1_stage(const float *__restrict__ xr, float *x
             if (f < nf) {
                 float4 o = v[b];
                 if (epi.norm && !epi.gate) {
-                    const float4 n = g1_ld4(epi.norm + 4 * f, vec);
+                    const float4 n = cu_ld4(epi.norm + 4 * f, vec);
                     o = make_float4(n.x * o.x, n.y * o.y, n.z * o.z, n.w * o.w);
                 }
                 x4[f ^ ((f >> 3) & (Q - 1))] = o;
@@ -327,7 +323,7 @@ __device__ __forceinline__ float g1_stage(const float *__restrict__ xr, float *x
         __syncthreads();
         for (int f = tid; f < nf; f += blockDim.x) {
             const float inv = ginv[4 * f / epi.group];
-            const float4 n = g1_ld4(epi.norm + 4 * f, vec);
+            const float4 n = cu_ld4(epi.norm + 4 * f, vec);
             float4 &o = x4[f ^ ((f >> 3) & (Q - 1))];
             o = make_float4(n.x * (o.x * inv), n.y * (o.y * inv), n.z * (o.z * inv),
                             n.w * (o.w * inv));

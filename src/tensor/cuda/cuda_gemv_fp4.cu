@@ -103,10 +103,6 @@ __device__ __forceinline__ void fp4_write(const g1_epi &e, bool combine, char *_
 
 #define FP4_XP (MM_FP4_MAXK / 1024) /* staging passes: 256 threads x 4 values */
 
-__device__ __forceinline__ float4 fp4_ld4(const float *p, bool vec) {
-    return vec ? *(const float4 *)p : make_float4(p[0], p[1], p[2], p[3]);
-}
-
 /* The norm weights this thread's staging passes will multiply by (fp4_stage's i; zeros past K
  * or without a norm). They are weights, so a kernel may load them before cu_pdl_enter: they
  * arrive with its first weight chunks instead of one memory round after x. */
@@ -115,7 +111,7 @@ __device__ __forceinline__ void fp4_norm_load(const g1_epi &epi, int K, float4 (
 #pragma unroll
     for (int p = 0; p < FP4_XP; p++) {
         const int i = 4 * ((int)threadIdx.x + 256 * p);
-        nv[p] = epi.norm && i < K ? fp4_ld4(epi.norm + i, vec) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        nv[p] = epi.norm && i < K ? cu_ld4(epi.norm + i, vec) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 }
 
@@ -157,9 +153,9 @@ __device__ __forceinline__ float fp4_stage(const float *__restrict__ xr, int K, 
         const int i = 4 * (tid + 256 * p);
         float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (i < K) {
-            a = fp4_ld4(xr + i, vec);
+            a = cu_ld4(xr + i, vec);
             if (epi.gate) {
-                const float4 z = fp4_ld4(epi.gate + i, vec);
+                const float4 z = cu_ld4(epi.gate + i, vec);
                 a.x *= z.x / (1.0f + expf(-z.x));
                 a.y *= z.y / (1.0f + expf(-z.y));
                 a.z *= z.z / (1.0f + expf(-z.z));

@@ -256,6 +256,11 @@ static inline int cu_rows_threads(int64_t C) {
 
 /* ---- device helpers ---- */
 
+/* Four floats from p: one 16-byte load when vec (p 16-byte aligned), else four. */
+__device__ __forceinline__ float4 cu_ld4(const float *p, bool vec) {
+    return vec ? *(const float4 *)p : make_float4(p[0], p[1], p[2], p[3]);
+}
+
 /* e4m3fn: sign, 4 exponent bits (bias 7), 3 mantissa bits; 0x7f/0xff NaN. */
 __device__ __forceinline__ float cu_e4m3(unsigned v) {
     unsigned e = (v >> 3) & 0xfu, m = v & 0x7u;
