@@ -54,8 +54,6 @@ __global__ void __launch_bounds__(NORM_THREADS) k_rmsnorm(char *y, int64_t ys, c
     for (int64_t i = threadIdx.x; i < C; i += blockDim.x) yr[i] = w[i] * (xr[i] * inv);
 }
 
-__device__ __forceinline__ float silu_f(float v) { return v / (1.0f + expf(-v)); }
-
 /* One block per (row, group): g = x * silu(z), then normalised over the group. */
 __global__ void __launch_bounds__(NORM_THREADS) k_gated_rmsnorm(char *y, int64_t ys, const char *x,
                                                                 int64_t xs, const char *z,
@@ -69,13 +67,13 @@ __global__ void __launch_bounds__(NORM_THREADS) k_gated_rmsnorm(char *y, int64_t
     float *yr = (float *)(y + t * ys) + g0;
     double ss = 0;
     for (int64_t i = threadIdx.x; i < group; i += blockDim.x) {
-        const float g = xr[i] * silu_f(zr[i]);
+        const float g = xr[i] * cu_silu_f(zr[i]);
         ss += (double)g * g;
     }
     ss = block_sum_d(ss);
     const float inv = (float)(1.0 / sqrt(ss / (double)group + eps));
     for (int64_t i = threadIdx.x; i < group; i += blockDim.x) {
-        const float g = xr[i] * silu_f(zr[i]);
+        const float g = xr[i] * cu_silu_f(zr[i]);
         yr[i] = w[g0 + i] * (g * inv);
     }
 }
@@ -116,7 +114,7 @@ __global__ void k_ew(char *y, int64_t ys, const char *a, int64_t as, const char 
         float r;
         if (OP == EW_ADD) r = av + ((const float *)(c + t * cs))[j];
         else if (OP == EW_MUL) r = av * ((const float *)(c + t * cs))[j];
-        else if (OP == EW_SILU) r = silu_f(av);
+        else if (OP == EW_SILU) r = cu_silu_f(av);
         else if (OP == EW_RELU2) {
             const float p = av > 0.0f ? av : 0.0f;
             r = p * p;

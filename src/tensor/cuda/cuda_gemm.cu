@@ -281,10 +281,10 @@ __device__ __forceinline__ float g1_stage(const float *__restrict__ xr, float *x
                 v[b] = cu_ld4(xr + 4 * f, vec);
                 if (epi.gate) { /* g = x silu(z) */
                     const float4 z = cu_ld4(epi.gate + 4 * f, vec);
-                    v[b].x *= z.x / (1.0f + expf(-z.x));
-                    v[b].y *= z.y / (1.0f + expf(-z.y));
-                    v[b].z *= z.z / (1.0f + expf(-z.z));
-                    v[b].w *= z.w / (1.0f + expf(-z.w));
+                    v[b].x *= cu_silu_f(z.x);
+                    v[b].y *= cu_silu_f(z.y);
+                    v[b].z *= cu_silu_f(z.z);
+                    v[b].w *= cu_silu_f(z.w);
                 }
             }
         }

@@ -156,10 +156,10 @@ __device__ __forceinline__ float fp4_stage(const float *__restrict__ xr, int K, 
             a = cu_ld4(xr + i, vec);
             if (epi.gate) {
                 const float4 z = cu_ld4(epi.gate + i, vec);
-                a.x *= z.x / (1.0f + expf(-z.x));
-                a.y *= z.y / (1.0f + expf(-z.y));
-                a.z *= z.z / (1.0f + expf(-z.z));
-                a.w *= z.w / (1.0f + expf(-z.w));
+                a.x *= cu_silu_f(z.x);
+                a.y *= cu_silu_f(z.y);
+                a.z *= cu_silu_f(z.z);
+                a.w *= cu_silu_f(z.w);
             }
         }
         v[p] = a;

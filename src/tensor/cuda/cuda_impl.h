@@ -256,6 +256,9 @@ static inline int cu_rows_threads(int64_t C) {
 
 /* ---- device helpers ---- */
 
+/* silu(v) = v / (1 + e^-v), the CPU backend's formula (the op, the gated norm, the GEMVs' gate). */
+__device__ __forceinline__ float cu_silu_f(float v) { return v / (1.0f + expf(-v)); }
+
 /* Four floats from p: one 16-byte load when vec (p 16-byte aligned), else four. */
 __device__ __forceinline__ float4 cu_ld4(const float *p, bool vec) {
     return vec ? *(const float4 *)p : make_float4(p[0], p[1], p[2], p[3]);
