@@ -236,7 +236,8 @@ __global__ void __launch_bounds__(256, 2)
                const char *__restrict__ ids, int64_t ids_s, int k, const char *__restrict__ x,
                int64_t xs, int x_per_token, char *__restrict__ y, int64_t ys, int K, int N, int S,
                int rows, int *flag, g1_epi epi) {
-    /* [FP4_RING] the warps' rings, then [4 n_ss][8] uint4 of x's (hi, lo) pairs (fp4_stage) */
+    /* [FP4_RING] the warps' rings, then x's int8 terms (4 n_ss chunks of FP4_XCH bytes) and its
+     * block scales (2 floats a chunk): fp4_stage */
     extern __shared__ float4 g1_x[];
     __shared__ float part[8][16];
     const int tid = threadIdx.x, r = (int)blockIdx.y;
