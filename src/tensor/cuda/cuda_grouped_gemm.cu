@@ -11,7 +11,8 @@
  * row's result does not depend on which rows share its tile or how a prompt was cut into
  * chunks. A CTA decodes each weight tile into shared memory once (16 values per thread, from
  * one 8- or 16-byte load, through a 256-entry byte table) and reuses it for all rows of its tile
- * (32, 64 or 128: the mean rows per expert, or the rows of a dense product, rounded up). The x
+ * (32, 64 or 128: the mean rows per expert, or the rows of a dense product, rounded up);
+ * its 16-row blocks past the tile's last row skip their MMAs. The x
  * planes, and BF16 weights as stored, go straight to shared memory (cp.async) GG_STAGES - 1
  * k-steps ahead of the tensor cores; weights that are decoded pass through registers one k-step
  * ahead (two shared buffers).
@@ -270,6 +271,11 @@ __global__ void __launch_bounds__(WM * WN * 32, 2) k_gg(gg_args a) {
         for (int ni = 0; ni < NI; ni++)
 #pragma unroll
             for (int q = 0; q < 4; q++) acc[mi][ni][q] = 0.0f;
+    /* a warp's 16-row blocks are mi * WM + wm (interleaved), so that a part-filled tile (an
+     * expert's ~96 rows in 128) leaves each tensor-core pipe a like share of the blocks it skips */
+    bool act[MI];
+#pragma unroll
+    for (int mi = 0; mi < MI; mi++) act[mi] = (mi * WM + wm) * 16 < end - begin;
     const int nk = a.K / GG_BK;
 #pragma unroll
     for (int st = 0; st < GG_STAGES - 1; st++) { /* empty groups past the end keep the count */
@@ -304,11 +310,13 @@ __global__ void __launch_bounds__(WM * WN * 32, 2) k_gg(gg_args a) {
                 unsigned af[MI][4];
 #pragma unroll
                 for (int mi = 0; mi < MI; mi++)
-                    gg_ldsm4(af[mi], &GG_SA(sta, j, wm * TM + mi * 16 + (lane & 15))[kk + (lane >> 4) * 8]);
+                    if (act[mi])
+                        gg_ldsm4(af[mi], &GG_SA(sta, j, (mi * WM + wm) * 16 + (lane & 15))[kk + (lane >> 4) * 8]);
 #pragma unroll
                 for (int mi = 0; mi < MI; mi++)
+                    if (act[mi])
 #pragma unroll
-                    for (int ni = 0; ni < NI; ni++) gg_mma(acc[mi][ni], af[mi], bf[ni]);
+                        for (int ni = 0; ni < NI; ni++) gg_mma(acc[mi][ni], af[mi], bf[ni]);
             }
         }
         if (kt + 1 < nk) store_w(bw ^ 1);
@@ -322,7 +330,7 @@ __global__ void __launch_bounds__(WM * WN * 32, 2) k_gg(gg_args a) {
     for (int mi = 0; mi < MI; mi++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            const int64_t yr = yrow_[wm * TM + mi * 16 + g + 8 * h];
+            const int64_t yr = yrow_[(mi * WM + wm) * 16 + g + 8 * h];
             if (yr < 0) continue;
             float *yp = (float *)(a.y + yr * a.ys);
 #pragma unroll
