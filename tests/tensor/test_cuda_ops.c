@@ -477,11 +477,13 @@ static void test_ssm_scan(void **st) {
     check_scan(4, 8, 2, 16, 9);
     check_scan(6, 5, 3, 48, 11);  /* lanes partly idle */
     /* from 32 tokens the chunked kernel (cuda_ssm.cu): chunks of 32 with tails, p rows in blocks
-     * of 16 (partly live), 1, 2 and 4 state values per lane */
+     * of 16 and pairs per warp (partly live), 1, 2 and 4 state values per lane, B and C copied
+     * 4 floats at once (N % 4 == 0) or one at a time */
     check_scan(2, 4, 1, 128, 33); /* nano's d_state */
     check_scan(3, 20, 1, 128, 75);
     check_scan(4, 8, 2, 16, 70);
     check_scan(6, 5, 3, 48, 40);
+    check_scan(3, 7, 1, 30, 37);
 }
 
 static void check_attention(cn_dtype kvdt, int Hq, int Hkv, int Dh, int n_past, int T) {

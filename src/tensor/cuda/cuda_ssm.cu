@@ -117,6 +117,7 @@ typedef struct scan_args {
     int64_t T;
     int H, P, G, N;
     float dt_min, dt_max;
+    int vec4; /* B and C rows 16-byte aligned and N % 4 == 0: the chunked scan copies 4 floats at once */
 } scan_args;
 
 __device__ __forceinline__ float softplus_f(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
@@ -167,12 +168,18 @@ __global__ void __launch_bounds__(128) k_ssm_scan(scan_args a) {
 /* ---------------------------------------------------------------- selective scan, prefill */
 
 #define SCAN_L 32     /* tokens per chunk staged in shared memory: one per lane at the reduction */
-#define SCAN_WARPS 16 /* (h, p) rows per block, all of one head */
+#define SCAN_WARPS 8  /* warps per block, all of one head */
+#define SCAN_PW 2     /* (h, p) rows per warp: they share each token's B and C loads */
 #define SCAN_MIN_T 32 /* tokens from which a scan takes k_ssm_scan_chunked */
 
 __device__ __forceinline__ void scan_cp4(float *dst, const float *src) {
     const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(d), "l"(src));
+}
+
+__device__ __forceinline__ void scan_cp16(float *dst, const float *src) {
+    const unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
 }
 
 /* NPL consecutive floats of shared memory (16-, 8- or 4-byte aligned as NPL says): one load. */
@@ -189,59 +196,72 @@ __device__ __forceinline__ void scan_ld(const float *p, float (&v)[NPL]) {
     }
 }
 
-/* One block per (head, SCAN_WARPS rows of p); each warp owns one (h, p) state row in registers
- * (NPL consecutive values per lane, n = NPL lane + i, so a token's B and C reach a lane in one
- * vector load each; ncu found the warps waiting mostly on the shared-memory pipe when it was a
- * scalar load per value), walking the same recurrence token by token. B and C of the head's
- * group come through shared memory, SCAN_L tokens at a time, the next chunk copied in
- * (cp.async) while the current one is used; lane j holds token j's x and dt factors (also
- * fetched a chunk ahead) and hands them to the warp by shuffle; the chunk's y sums are reduced
- * together (cu_warp_sum32). Tokens past T enter as dA = 1 and dt x B = 0 (B zero):
- * the state passes them unchanged. */
+/* One block per (head, SCAN_WARPS x SCAN_PW rows of p); each warp owns SCAN_PW (h, p) state
+ * rows in registers (NPL consecutive values per lane, n = NPL lane + i, so a token's B and C
+ * reach a lane in one vector load each, used for every row of the warp: ncu found the warps
+ * waiting mostly on the shared-memory pipe, first with a scalar load per value, then with one
+ * row a warp), walking the same recurrence token by token. B and C of the head's group come
+ * through shared memory, SCAN_L tokens at a time, the next chunk copied in (cp.async) while the
+ * current one is used; lane j holds token j's x and dt factors (also fetched a chunk ahead) and
+ * hands them to the warp by shuffle; the chunk's y sums of a row are reduced together
+ * (cu_warp_sum32). Tokens past T enter as dA = 1 and dt x B = 0 (B zero): the state passes them
+ * unchanged. A row's arithmetic does not depend on which rows share its warp. */
 template <int NPL>
 __global__ void __launch_bounds__(SCAN_WARPS * 32, 2) k_ssm_scan_chunked(scan_args a) {
     cu_pdl_enter();
-    constexpr int NP = NPL * 32, THREADS = SCAN_WARPS * 32;
+    constexpr int NP = NPL * 32, THREADS = SCAN_WARPS * 32, PW = SCAN_PW;
     extern __shared__ float sm[]; /* [2 buffers][B, C][SCAN_L][NP] */
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, tid = threadIdx.x;
-    const int h = blockIdx.y, p = blockIdx.x * SCAN_WARPS + warp;
+    const int h = blockIdx.y, p0 = (blockIdx.x * SCAN_WARPS + warp) * PW;
     const int g = h / (a.H / a.G);
-    const bool live = p < a.P;
     const float A = -expf(a.A_log[h]), Dh = a.D[h], dtb = a.dt_bias[h];
-    float *S = (float *)(a.state + h * a.state_row) + (int64_t)(live ? p : 0) * a.N;
-    float s[NPL];
+    bool live[PW];
+    float *S[PW];
+    float s[PW][NPL];
 #pragma unroll
-    for (int i = 0; i < NPL; i++) {
-        const int n = NPL * lane + i;
-        s[i] = live && n < a.N ? S[n] : 0.0f;
+    for (int q = 0; q < PW; q++) {
+        live[q] = p0 + q < a.P;
+        S[q] = (float *)(a.state + h * a.state_row) + (int64_t)(live[q] ? p0 + q : 0) * a.N;
+#pragma unroll
+        for (int i = 0; i < NPL; i++) {
+            const int n = NPL * lane + i;
+            s[q][i] = live[q] && n < a.N ? S[q][n] : 0.0f;
+        }
     }
     /* B and C of tokens [t0, t0 + SCAN_L) into buffer buf, zeros past T and N */
     auto issue = [&](int64_t t0, int buf) {
         float *dst = sm + buf * 2 * SCAN_L * NP;
-        for (int e = tid; e < 2 * SCAN_L * NP; e += THREADS) {
+        const int step = a.vec4 ? 4 : 1; /* floats a copy moves */
+        for (int e = tid * step; e < 2 * SCAN_L * NP; e += THREADS * step) {
             const int m = e / (SCAN_L * NP), j = (e / NP) % SCAN_L, n = e % NP;
             if (t0 + j < a.T && n < a.N) {
                 const char *row = (m ? a.C + (t0 + j) * a.Cs : a.B + (t0 + j) * a.Bs);
-                scan_cp4(dst + e, (const float *)row + (int64_t)g * a.N + n);
+                const float *src = (const float *)row + (int64_t)g * a.N + n;
+                if (a.vec4) scan_cp16(dst + e, src);
+                else scan_cp4(dst + e, src);
             } else {
-                dst[e] = 0.0f;
+                for (int i = 0; i < step; i++) dst[e + i] = 0.0f;
             }
         }
         asm volatile("cp.async.commit_group;\n" ::);
     };
-    /* this lane's token of the chunk at t0: x (this warp's p) and the raw dt */
-    auto fetch = [&](int64_t t0, float &xv, float &dtr) {
+    /* this lane's token of the chunk at t0: x of the warp's rows and the raw dt */
+    auto fetch = [&](int64_t t0, float (&xv)[PW], float &dtr) {
         const bool ok = t0 + lane < a.T;
-        xv = ok && live ? ((const float *)(a.x + (t0 + lane) * a.xs))[(int64_t)h * a.P + p] : 0.0f;
+        const float *xr = (const float *)(a.x + (t0 + lane) * a.xs) + (int64_t)h * a.P + p0;
+#pragma unroll
+        for (int q = 0; q < PW; q++) xv[q] = ok && live[q] ? xr[q] : 0.0f;
         dtr = ok ? ((const float *)(a.dt + (t0 + lane) * a.dts))[h] : 0.0f;
     };
-    float xv, dtr;
+    float xv[PW], dtr;
     issue(0, 0);
     fetch(0, xv, dtr);
     int buf = 0;
     for (int64_t t0 = 0; t0 < a.T; t0 += SCAN_L, buf ^= 1) {
         const bool more = t0 + SCAN_L < a.T;
-        float xn = 0.0f, dtn = 0.0f;
+        float xn[PW], dtn = 0.0f;
+#pragma unroll
+        for (int q = 0; q < PW; q++) xn[q] = 0.0f;
         if (more) {
             issue(t0 + SCAN_L, buf ^ 1); /* the buffer the previous chunk read: all done with it */
             fetch(t0 + SCAN_L, xn, dtn);
@@ -256,34 +276,45 @@ __global__ void __launch_bounds__(SCAN_WARPS * 32, 2) k_ssm_scan_chunked(scan_ar
             dtv = fminf(fmaxf(dtv, a.dt_min), a.dt_max);
             dA = expf(dtv * A);
         }
-        const float dx = dtv * xv;
+        float dx[PW];
+#pragma unroll
+        for (int q = 0; q < PW; q++) dx[q] = dtv * xv[q];
         const float *sB = sm + buf * 2 * SCAN_L * NP, *sC = sB + SCAN_L * NP;
-        float v[SCAN_L];
+        float v[PW][SCAN_L];
 #pragma unroll 32
         for (int j = 0; j < SCAN_L; j++) {
-            const float dAj = __shfl_sync(0xffffffffu, dA, j), dxj = __shfl_sync(0xffffffffu, dx, j);
+            const float dAj = __shfl_sync(0xffffffffu, dA, j);
             float bv[NPL], cv[NPL];
             scan_ld<NPL>(sB + j * NP + NPL * lane, bv);
             scan_ld<NPL>(sC + j * NP + NPL * lane, cv);
-            v[j] = 0.0f;
 #pragma unroll
-            for (int i = 0; i < NPL; i++) {
-                s[i] = s[i] * dAj + dxj * bv[i];
-                v[j] += s[i] * cv[i];
+            for (int q = 0; q < PW; q++) {
+                const float dxj = __shfl_sync(0xffffffffu, dx[q], j);
+                v[q][j] = 0.0f;
+#pragma unroll
+                for (int i = 0; i < NPL; i++) {
+                    s[q][i] = s[q][i] * dAj + dxj * bv[i];
+                    v[q][j] += s[q][i] * cv[i];
+                }
             }
         }
-        const float yv = cu_warp_sum32(v, lane);
-        if (live && t0 + lane < a.T)
-            ((float *)(a.y + (t0 + lane) * a.ys))[(int64_t)h * a.P + p] = yv + Dh * xv;
-        xv = xn;
+#pragma unroll
+        for (int q = 0; q < PW; q++) {
+            const float yv = cu_warp_sum32(v[q], lane);
+            if (live[q] && t0 + lane < a.T)
+                ((float *)(a.y + (t0 + lane) * a.ys))[(int64_t)h * a.P + p0 + q] = yv + Dh * xv[q];
+            xv[q] = xn[q];
+        }
         dtr = dtn;
         __syncthreads(); /* every warp is done with buf before the next chunk refills it */
     }
-    if (live) {
+#pragma unroll
+    for (int q = 0; q < PW; q++) {
+        if (!live[q]) continue;
 #pragma unroll
         for (int i = 0; i < NPL; i++) {
             const int n = NPL * lane + i;
-            if (n < a.N) S[n] = s[i];
+            if (n < a.N) S[q][n] = s[q][i];
         }
     }
 }
@@ -298,7 +329,8 @@ static int scan_chunked(cu_ctx *c, const scan_args &s) {
                           "ssm_scan shared memory");
         if (rc) return rc;
     }
-    const dim3 grid((unsigned)((s.P + SCAN_WARPS - 1) / SCAN_WARPS), (unsigned)s.H);
+    const int pb = SCAN_WARPS * SCAN_PW;
+    const dim3 grid((unsigned)((s.P + pb - 1) / pb), (unsigned)s.H);
     cu_launch(c, k_ssm_scan_chunked<NPL>, grid, SCAN_WARPS * 32, smem, s);
     return cu_launch_check("ssm_scan (chunked)");
 }
@@ -335,6 +367,7 @@ int cu_ssm_scan(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor
     s.N = a->d_state;
     s.dt_min = a->dt_min;
     s.dt_max = a->dt_max;
+    s.vec4 = ((uintptr_t)s.B | (uintptr_t)s.C | (uintptr_t)s.Bs | (uintptr_t)s.Cs) % 16 == 0 && s.N % 4 == 0;
     if (s.T >= SCAN_MIN_T && s.N <= 128 && s.H <= 65535) {
         const int npl = (s.N + 31) / 32;
         return npl == 1 ? scan_chunked<1>(c, s) : npl == 2 ? scan_chunked<2>(c, s) : scan_chunked<4>(c, s);
