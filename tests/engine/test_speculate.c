@@ -541,10 +541,16 @@ static void test_plain_requests_keep_draft_level(void **st) {
     assert_int_equal(res.eval_count, k);
     assert_memory_equal(res.tokens, seq + 40, (size_t)k * sizeof *seq);
     free(res.tokens);
-    /* the controller: random weights never pay, so it parks and probes now and then */
+    /* the controller: whatever mix of plain steps and rounds it picks, the output and the draft
+     * cache are the same. Which mix it picks depends on measured time (random weights never pay,
+     * so it mostly parks, but on a loaded machine or a GPU a rejected round can time as cheap as
+     * a plain step: asserting the mix failed under ctest -j 2 with ASan, and once on the H200);
+     * test_spec_ctl checks its choices with synthetic costs. It re-measures a plain step at
+     * least every 64 rounds (speculate.c's REMEASURE), and a round here commits about one
+     * token (random weights), so 300 tokens take some. */
     cn_result c = expect_same(&v, p, 40, 300);
-    assert_true(c.plain_steps > c.spec_rounds);
-    assert_true(v.e->spec->ctl.parked);
+    assert_true(c.plain_steps > 0);
+    check_rest(v.e);
     free(c.tokens);
     env_close(&v);
 }
