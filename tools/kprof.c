@@ -7,7 +7,8 @@
  * Build and use (the CUDA toolkit's CUPTI; $CUPTI_LIB is where libcupti.so lives):
  *   cc -O2 -shared -fPIC -I/usr/local/cuda/include tools/kprof.c -o kprof.so -L$CUPTI_LIB -lcupti
  *   CUDA_INJECTION64_PATH=$PWD/kprof.so LD_LIBRARY_PATH=$CUPTI_LIB build-cuda/cairn bench ...
- * The profile goes to stderr, or to $KPROF_OUT when set. A development tool: never linked into
+ * The profile goes to stderr, or to $KPROF_OUT when set; with $KPROF_GRID set each launch shape
+ * (grid and block size) of a kernel is its own row. A development tool: never linked into
  * cairn, and it changes nothing in the profiled process but the time its tracing costs.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -36,6 +37,7 @@ static struct {
     kp_span *spans;
     size_t n_spans, cap_spans;
     uint64_t memcpy_ns, memcpy_n;
+    int by_grid; /* $KPROF_GRID set: kernels keyed by grid and block size too */
 } g_kp;
 
 static void kp_add_span(uint64_t s, uint64_t e) {
@@ -78,7 +80,14 @@ static void CUPTIAPI kp_buf_complete(CUcontext ctx, uint32_t stream, uint8_t *bu
     while (cuptiActivityGetNextRecord(buf, valid, &r) == CUPTI_SUCCESS) {
         if (r->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || r->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
             const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)r;
-            kp_add_kernel(k->name, k->end - k->start);
+            if (g_kp.by_grid) { /* one row per kernel and launch shape */
+                char key[512];
+                snprintf(key, sizeof key, "(%d,%d,%d)x%d %.440s", k->gridX, k->gridY, k->gridZ,
+                         k->blockX, k->name ? k->name : "?");
+                kp_add_kernel(key, k->end - k->start);
+            } else {
+                kp_add_kernel(k->name, k->end - k->start);
+            }
             kp_add_span(k->start, k->end);
         } else if (r->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
             const CUpti_ActivityMemcpy6 *m = (const CUpti_ActivityMemcpy6 *)r;
@@ -138,6 +147,7 @@ static void kp_report(void) {
 
 /* Called by the CUDA driver when CUDA_INJECTION64_PATH names this library. */
 int InitializeInjection(void) {
+    g_kp.by_grid = getenv("KPROF_GRID") != NULL;
     if (cuptiActivityRegisterCallbacks(kp_buf_request, kp_buf_complete) != CUPTI_SUCCESS) return 0;
     cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
     cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY);

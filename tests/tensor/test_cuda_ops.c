@@ -846,6 +846,23 @@ static void test_route_ep(void **st) {
     check_route_ep(128, 2688, 6, 1, 1); /* nano's router */
     check_route_ep(100, 256, 8, 0, 1);
     check_route_ep(16, 64, 4, 1, 0);
+    check_route_ep(40, 4096, 4, 1, 1); /* the largest K fused: every register of x and gate used */
+    {                                  /* refused: K past that (the unfused path serves it) */
+        pw wide = pw_make(CN_F32, 16, 4160, 0.01f);
+        pv xw = pv_make(1, 4160, 0, -1, 1), lw = pv_make(1, 16, 0, 0, 0), ww = pv_make(1, 4, 0, 0, 0);
+        int32_t z4[4] = {0};
+        pid iw = pid_make(1, 4, z4);
+        const cn_mm_ep fw = {.eps = 1e-5f};
+        const cn_route_args aw = {.top_k = 4, .n_group = 1, .topk_group = 1, .norm_topk = 1,
+                                  .scaling = 1};
+        assert_int_equal(cn_op_moe_route_ep(g_cu, &iw.g, &ww.g, &lw.g, &wide.g, &xw.g, &fw, NULL, &aw),
+                         CN_EUNSUPPORTED);
+        pid_free(&iw);
+        pv_free(&xw);
+        pv_free(&lw);
+        pv_free(&ww);
+        pw_free(&wide);
+    }
     /* refused: two tokens, group limiting */
     pw gate = pw_make(CN_F32, 16, 64, 0.1f);
     pv x = pv_make(2, 64, 0, -1, 1), lg = pv_make(2, 16, 0, 0, 0), wt = pv_make(2, 4, 0, 0, 0);

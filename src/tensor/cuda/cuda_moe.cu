@@ -126,13 +126,20 @@ __global__ void __launch_bounds__(ROUTE_THREADS) k_route(route_args a) {
  * RMM_ROWS (b + 1) - 1, each a dot product with x split over RMM_SPLIT warps (their parts summed
  * in order), x normalised as the GEMV epilogues do (the sum of squares in double, in a fixed
  * order; x * inv, then * the norm weight); the last block to finish (rt_cnt, invariant 6) routes
- * the E logits. Before cu_pdl_enter the block asks L2 for its gate rows (weights, invariant 7),
- * so they arrive while the kernel before drains. A warp per whole row (16 blocks for nano's 128
- * experts) took 12.4 us a layer with PDL off: 21 dependent-in-practice loads per lane on 16 SMs. */
+ * the E logits. Before cu_pdl_enter each warp loads its part of its gate row and each thread its
+ * norm weights into registers (weights, invariant 7), so they arrive while the kernel before
+ * drains; after it every load of x is in flight at once, and the norm is applied from registers.
+ * A warp per whole row (16 blocks for nano's 128 experts) took 12.4 us a layer with PDL off: 21
+ * dependent-in-practice loads per lane on 16 SMs; gate rows asked of L2 before the enter, x in
+ * loops of 4 loads and the norm weights read after it, 11.1 us. */
 #define RMM_ROWS 2
 #define RMM_SPLIT 4
 #define RMM_WARPS (RMM_ROWS * RMM_SPLIT)
 #define RMM_THREADS (32 * RMM_WARPS)
+/* In registers per thread: RMM_XV float4s of x and of the norm, RMM_GV of the warp's gate row
+ * part; both bound K to 16 RMM_THREADS (cu_moe_route_ep refuses more). */
+#define RMM_XV 4
+#define RMM_GV (16 * RMM_THREADS / 4 / RMM_SPLIT / 32)
 
 __global__ void __launch_bounds__(RMM_THREADS)
     k_route_mm(route_args a, float *lg, const float *__restrict__ gate, int64_t gs, const float *x,
@@ -142,39 +149,64 @@ __global__ void __launch_bounds__(RMM_THREADS)
     __shared__ float part[RMM_WARPS];
     __shared__ int last;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-    const int row0 = (int)blockIdx.x * RMM_ROWS, lines = (K + 31) / 32;
-    for (int i = tid; i < RMM_ROWS * lines; i += RMM_THREADS) {
-        const int r = row0 + i / lines;
-        if (r < a.E) asm volatile("prefetch.global.L2 [%0];" ::"l"(gate + r * gs + (i % lines) * 32));
+    const int row0 = (int)blockIdx.x * RMM_ROWS, n4 = K / 4;
+    const bool vec = !(((uintptr_t)x | (uintptr_t)norm) & 15u);
+    float4 nv[RMM_XV], xv[RMM_XV];
+#pragma unroll
+    for (int p = 0; p < RMM_XV; p++) { /* weights: loaded before cu_pdl_enter (invariant 7) */
+        const int i = tid + p * RMM_THREADS;
+        nv[p] = norm && i < n4 ? cu_ld4(norm + 4 * i, vec) : make_float4(1.0f, 1.0f, 1.0f, 1.0f);
     }
+    /* this warp's part of its gate row, also a weight: in registers before the x it meets */
+    const int r = row0 + warp / RMM_SPLIT, per = (n4 + RMM_SPLIT - 1) / RMM_SPLIT;
+    const int i0 = (warp % RMM_SPLIT) * per + lane, i1 = min(n4, (warp % RMM_SPLIT + 1) * per);
+    float4 gv[RMM_GV];
+#pragma unroll
+    for (int j = 0; j < RMM_GV; j++)
+        gv[j] = r < a.E && i0 + 32 * j < i1 ? ((const float4 *)(gate + r * gs))[i0 + 32 * j]
+                                             : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     cu_pdl_enter();
     double ss = 0.0;
-#pragma unroll 4
-    for (int i = tid; i < K; i += RMM_THREADS) {
-        const float v = x[i];
-        sh[i] = v;
-        ss += (double)v * v;
+#pragma unroll
+    for (int p = 0; p < RMM_XV; p++) { /* every load in flight at once */
+        const int i = tid + p * RMM_THREADS;
+        xv[p] = i < n4 ? cu_ld4(x + 4 * i, vec) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int p = 0; p < RMM_XV; p++) {
+        const float4 v = xv[p];
+        ss += (double)v.x * v.x;
+        ss += (double)v.y * v.y;
+        ss += (double)v.z * v.z;
+        ss += (double)v.w * v.w;
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     if (lane == 0) wss[warp] = ss;
     __syncthreads();
+    float inv = 1.0f;
     if (norm) {
         double t = 0.0;
         for (int w = 0; w < RMM_WARPS; w++) t += wss[w];
-        const float inv = (float)(1.0 / sqrt(t / (double)K + eps));
-        for (int i = tid; i < K; i += RMM_THREADS) sh[i] = norm[i] * (sh[i] * inv);
-        __syncthreads();
+        inv = (float)(1.0 / sqrt(t / (double)K + eps));
     }
-    const int r = row0 + warp / RMM_SPLIT, n4 = K / 4, per = (n4 + RMM_SPLIT - 1) / RMM_SPLIT;
+#pragma unroll
+    for (int p = 0; p < RMM_XV; p++) {
+        const int i = tid + p * RMM_THREADS;
+        const float4 v = xv[p], n = nv[p];
+        if (i < n4)
+            ((float4 *)sh)[i] = norm ? make_float4(n.x * (v.x * inv), n.y * (v.y * inv),
+                                                   n.z * (v.z * inv), n.w * (v.w * inv))
+                                     : v;
+    }
+    __syncthreads();
     float acc = 0.0f;
     if (r < a.E) {
-        const float4 *g = (const float4 *)(gate + r * gs);
-        const float4 *xv = (const float4 *)sh;
-        const int i1 = min(n4, (warp % RMM_SPLIT + 1) * per);
-#pragma unroll 4
-        for (int i = (warp % RMM_SPLIT) * per + lane; i < i1; i += 32) {
-            const float4 w4 = g[i], x4 = xv[i];
+        const float4 *xs4 = (const float4 *)sh;
+#pragma unroll
+        for (int j = 0; j < RMM_GV; j++) {
+            if (i0 + 32 * j >= i1) break;
+            const float4 w4 = gv[j], x4 = xs4[i0 + 32 * j];
             acc = fmaf(w4.x, x4.x, acc);
             acc = fmaf(w4.y, x4.y, acc);
             acc = fmaf(w4.z, x4.z, acc);
@@ -263,7 +295,8 @@ int cu_moe_route_ep(cn_backend *b, cn_tensor *ids, cn_tensor *weights, cn_tensor
                     const cn_tensor *bias, const cn_route_args *ra) {
     cu_ctx *c = cu_ctx_of(b);
     const int64_t T = x->shape[0], K = x->shape[1], E = gate->shape[0];
-    if (T != 1 || gate->dtype != CN_F32 || ra->n_group > 1 || K % 4 || E > INT32_MAX ||
+    if (T != 1 || gate->dtype != CN_F32 || ra->n_group > 1 || K % 4 || K > 16 * RMM_THREADS ||
+        E > INT32_MAX ||
         ((uintptr_t)gate->data & 15u) || gate->stride[0] % 16)
         return CN_EUNSUPPORTED;
     const size_t rs = route_smem((int)E, 1, ra->top_k), xs = (size_t)K * sizeof(float);
