@@ -31,36 +31,56 @@
  * 413.7 tok/s in one run (`cairn bench --backend cuda --preset nano-shape --weights nvfp4`).
  * An FP8 form (tools/fp8_mma_error.c) misses 2e-5 with Hopper's truncated FP8 sums; tensor-core
  * int8 products would need an fp32 epilogue per (row, block, term) and gain nothing over dp4a.
- * Never: other dtypes or shapes (cu_fp4_fits says no and k_gemv1 runs), more than one x row. */
+ * Session 14 on the H200 (whole-model decode, alternating pairs in one run; ncu on the 22 MB
+ * MoE launches): the items loaded straight into registers, FP4_D ahead, instead of the ring cut
+ * the loop's SASS by a fifth but ran the same (431.0 / 431.4 -> 429.5 / 431.8 tok/s; 128
+ * registers); 16-warp blocks at 64 registers (two an SM, twice the warps) issued 20% more
+ * instructions and ran slower (432 / 428 -> 401 / 400); the right shifts of fp4_i8 as IMAD.HI
+ * slower (444.9 / 444.6 -> 440.2 / 439.9); two x terms instead of three faster (+2.5%) but
+ * 2.1e-5 from the double reference (tolerance 2e-5). Per SM and clock the H200 retires 64 lanes
+ * of PRMT, LOP3, SHF, IDP.4A or IMAD, 128 of IADD, and 32 of IMAD.HI or I2F (a microbenchmark of
+ * independent chains): a super-step's ~110 integer-pipe instructions (48 of them PRMT) alone
+ * would allow about 4.9 TB/s, but ncu finds each scheduler issuing every 2.2 cycles (stalls on
+ * dependent results and pipe turns with 3-4 warps each), so a launch moves about 1 TB/s.
+ * Never: other dtypes or shapes (cu_fp4_fits says no and k_gemv1 runs), more than one x row.
+ */
 #include <cuda_fp8.h>
 
 #include "tensor/cuda/cuda_impl.h"
 
-#define MM_FP4_MAXK 5120 /* staging: K values in registers, then 16.25 KiB of terms and scales */
+#define MM_FP4_MAXK 5120 /* staging: K values in registers, then 17.5 KiB of terms, scales and corrections */
 
-/* Twice the E2M1 values of magnitude codes 0..7 as int8, and their negations (bytes 0..3 in
- * *0, 4..7 in *1). */
+/* Twice the E2M1 values of magnitude codes 0..7 as bytes (0..3 in P0, 4..7 in P1), each below
+ * 128 so that a sign-filled lookup gives 0. */
 #define FP4_P0 0x03020100u
 #define FP4_P1 0x0C080604u
-#define FP4_N0 0xFDFEFF00u
-#define FP4_N1 0xF4F8FAFCu
 
 /* prmt.b32 in its default mode: byte i of the result is byte (s >> 4i) & 7 of (b:a), sign-filled
- * when bit 3 of that nibble is set (so magnitudes go in with their sign bits cleared). */
+ * when bit 3 of that nibble is set. */
 __device__ __forceinline__ unsigned fp4_prmt(unsigned a, unsigned b, unsigned s) {
     unsigned d;
     asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(s));
     return d;
 }
 
-/* The 8 nibbles of v (weights 0..7, low nibble first) as int8 2 * e2m1: lo holds weights 0..3,
- * hi 4..7. Positive and negated magnitudes are looked up, then each byte is picked by its
- * nibble's sign (selector i + 4 s_i): 11 instructions for 8 weights, no conversion. */
-__device__ __forceinline__ void fp4_i8(unsigned v, int &lo, int &hi) {
-    const unsigned m = v & 0x77777777u, mh = m >> 16;
-    const unsigned s = ((v >> 1) & 0x44444444u) | 0x32103210u;
-    lo = (int)fp4_prmt(fp4_prmt(FP4_P0, FP4_P1, m), fp4_prmt(FP4_N0, FP4_N1, m), s);
-    hi = (int)fp4_prmt(fp4_prmt(FP4_P0, FP4_P1, mh), fp4_prmt(FP4_N0, FP4_N1, mh), s >> 16);
+/* The 8 nibbles of v (weights 0..7, low nibble first) as bytes 128 + 2 * e2m1: lo holds weights
+ * 0..3, hi 4..7. The table is looked up twice, once with the nibbles as they are (a set sign bit
+ * sign-fills the byte: negative weights give 0) and once with the sign bits flipped (positive
+ * weights give 0), and p + 0x80808080 - n is one three-input add that no byte carries out of
+ * (each lands in [116, 140]): 9 instructions for 8 weights, 4 of them byte permutes, where a
+ * select between a positive and a negated table took 11, 6 of them permutes. The 128 per weight
+ * is taken out of each block's sum by x's block correction (fp4_stage). */
+__device__ __forceinline__ void fp4_u8(unsigned v, unsigned &lo, unsigned &hi) {
+    const unsigned n = v ^ 0x88888888u, vh = v >> 16, nh = n >> 16;
+    lo = fp4_prmt(FP4_P0, FP4_P1, v) + 0x80808080u - fp4_prmt(FP4_P0, FP4_P1, n);
+    hi = fp4_prmt(FP4_P0, FP4_P1, vh) + 0x80808080u - fp4_prmt(FP4_P0, FP4_P1, nh);
+}
+
+/* dp4a of unsigned bytes a with signed bytes b, plus c, in wrapping 32-bit arithmetic. */
+__device__ __forceinline__ unsigned fp4_dp4a(unsigned a, unsigned b, unsigned c) {
+    unsigned d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
 }
 
 #define FP4_NST 4                          /* super-steps in flight per warp (cp.async ring) */
@@ -116,14 +136,18 @@ __device__ __forceinline__ void fp4_norm_load(const g1_epi &epi, int K, float4 (
 }
 
 /* x as k_gemv_fp4 reads it: per 32-value chunk c, FP4_XT int8 terms of 32 bytes each (xq + c *
- * FP4_XCH), and per block of 16 its scale (xd[2c], xd[2c + 1]). With d = amax / 127 for the
+ * FP4_XCH), and per chunk one float4 at xd + 4c: its two blocks' scales, then as bits their
+ * corrections, -128 X for the block's X = sum of q0 254^2 + q1 254 + q2 (the weights come as
+ * 128 + w: fp4_u8), in wrapping 32-bit arithmetic. With d = amax / 127 for the
  * block, x = d (q0 + q1 / 254 + q2 / 254^2) to within d / 2 / 254^3 (2^-24 of the block's
  * largest magnitude): q0 = rint(x / d), each next term the rounding of 254 times the rest, all in
  * [-127, 127]. A block's three integer dot products then combine exactly in one int32 (at most
- * 16 * 12 * 127 * (254^2 + 254 + 1) < 2^31), and xd holds d / 254^2 / 2 (the weights are twice
- * their E2M1 values). */
+ * 16 * 12 * 127 * (254^2 + 254 + 1) < 2^31, so the wrapped sum with the 128s and the correction
+ * is that int32 exactly), and the scale is d / 254^2 / 2 (the weights are twice their E2M1
+ * values). */
 #define FP4_XT 3
 #define FP4_XCH (FP4_XT * 32)
+#define FP4_XD 16 /* bytes of scales and corrections per chunk */
 #define FP4_R 254
 
 /* max(a, b), NaN when either is (fmaxf would drop a NaN value from its block's scale). */
@@ -201,30 +225,40 @@ __device__ __forceinline__ float fp4_stage(const float *__restrict__ xr, int K, 
         float m = fp4_max(fp4_max(fabsf(a.x), fabsf(a.y)), fp4_max(fabsf(a.z), fabsf(a.w)));
         m = fp4_max(m, __shfl_xor_sync(0xffffffffu, m, 1));
         m = fp4_max(m, __shfl_xor_sync(0xffffffffu, m, 2));
-        if (i >= K) continue;
         /* a non-finite block (NaN included: fp4_max keeps it) keeps q = 0 and carries the
-         * non-finite scale into the result */
+         * non-finite scale into the result; past K, a = 0 and q = 0 */
         const float id = m > 0.0f && m <= 3.4028235e38f ? 127.0f / m : 0.0f;
         const float f[4] = {a.x * id, a.y * id, a.z * id, a.w * id};
         unsigned wq[FP4_XT] = {};
+        int X = 0; /* at most 16 * 127 * (254^2 + 254 + 1) in magnitude */
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             float r = f[j];
+            int xj = 0; /* q0 254^2 + q1 254 + q2 */
 #pragma unroll
             for (int u = 0; u < FP4_XT; u++) {
                 const int q = __float2int_rn(r);
                 wq[u] |= (unsigned)(q & 0xff) << (8 * j);
+                xj = xj * FP4_R + q;
                 r = (r - (float)q) * (float)FP4_R; /* r - q: exact */
             }
+            X += xj;
         }
+        X += __shfl_xor_sync(0xffffffffu, X, 1);
+        X += __shfl_xor_sync(0xffffffffu, X, 2);
+        if (i >= K) continue;
         char *cq = xq + (i >> 5) * FP4_XCH + (i & 31);
 #pragma unroll
         for (int u = 0; u < FP4_XT; u++) *(unsigned *)(cq + 32 * u) = wq[u];
-        if ((i & 15) == 0) xd[i >> 4] = m / 127.0f / (float)(2 * FP4_R * FP4_R);
+        if ((i & 15) == 0) {
+            float *dc = xd + 4 * (i >> 5) + ((i >> 4) & 1);
+            dc[0] = m / 127.0f / (float)(2 * FP4_R * FP4_R);
+            dc[2] = __uint_as_float(0u - 128u * (unsigned)X);
+        }
     }
     for (int i = (K / 32) * (FP4_XCH / 4) + tid; i < n_pad * (FP4_XCH / 4); i += blockDim.x)
         ((unsigned *)xq)[i] = 0;
-    for (int i = K / 16 + tid; i < 2 * n_pad; i += blockDim.x) xd[i] = 0.0f;
+    for (int i = 4 * (K / 32) + tid; i < 4 * n_pad; i += blockDim.x) xd[i] = 0.0f;
     __syncthreads();
     double t = 0.0;
     for (int i = 0; i < 8; i++) t += ssw[i];
@@ -237,7 +271,7 @@ __global__ void __launch_bounds__(256, 2)
                int64_t xs, int x_per_token, char *__restrict__ y, int64_t ys, int K, int N, int S,
                int rows, int *flag, g1_epi epi) {
     /* [FP4_RING] the warps' rings, then x's int8 terms (4 n_ss chunks of FP4_XCH bytes) and its
-     * block scales (2 floats a chunk): fp4_stage */
+     * block scales and corrections (FP4_XD bytes a chunk): fp4_stage */
     extern __shared__ float4 g1_x[];
     __shared__ float part[8][16];
     const int tid = threadIdx.x, r = (int)blockIdx.y;
@@ -317,7 +351,7 @@ __global__ void __launch_bounds__(256, 2)
                 uint4 xv[2 * FP4_XT];
 #pragma unroll
                 for (int u = 0; u < 2 * FP4_XT; u++) xv[u] = xc[u];
-                const float2 dd = ((const float2 *)xd)[c];
+                const float4 dd = ((const float4 *)xd)[c]; /* scales, corrections */
 #pragma unroll
                 for (int h = 0; h < 2; h++) { /* row g, then g + 8 */
                     const uint4 cw = ((const uint4 *)(st + 512 * h))[lane];
@@ -328,20 +362,21 @@ __global__ void __launch_bounds__(256, 2)
                     const unsigned wv[4] = {cw.x, cw.y, cw.z, cw.w};
 #pragma unroll
                     for (int b = 0; b < 2; b++) { /* the chunk's two blocks of 16 */
-                        int w8[4];
-                        fp4_i8(wv[2 * b], w8[0], w8[1]);
-                        fp4_i8(wv[2 * b + 1], w8[2], w8[3]);
-                        int sum = 0;
+                        unsigned w8[4];
+                        fp4_u8(wv[2 * b], w8[0], w8[1]);
+                        fp4_u8(wv[2 * b + 1], w8[2], w8[3]);
+                        unsigned sum = 0;
 #pragma unroll
-                        for (int u = 0; u < FP4_XT; u++) {
+                        for (int u = 0; u < FP4_XT; u++) { /* the last chain starts at -128 X */
                             const uint4 xa = xv[2 * u + b];
-                            int d = __dp4a(w8[0], (int)xa.x, 0);
-                            d = __dp4a(w8[1], (int)xa.y, d);
-                            d = __dp4a(w8[2], (int)xa.z, d);
-                            d = __dp4a(w8[3], (int)xa.w, d);
+                            unsigned d = u < FP4_XT - 1 ? 0u : __float_as_uint(b ? dd.w : dd.z);
+                            d = fp4_dp4a(w8[0], xa.x, d);
+                            d = fp4_dp4a(w8[1], xa.y, d);
+                            d = fp4_dp4a(w8[2], xa.z, d);
+                            d = fp4_dp4a(w8[3], xa.w, d);
                             sum = sum * FP4_R + d;
                         }
-                        acc[h] = fmaf((float)sum, (b ? sc.y : sc.x) * (b ? dd.y : dd.x), acc[h]);
+                        acc[h] = fmaf((float)(int)sum, (b ? sc.y : sc.x) * (b ? dd.y : dd.x), acc[h]);
                     }
                 }
             }
@@ -378,7 +413,7 @@ void cu_gemv_fp4(cu_ctx *c, const cu_wexp &dense, const cu_wexp *table, int n_w,
                  const cn_tensor *ids, int k, const cn_tensor *x, int x_per_token, cn_tensor *y,
                  int64_t K, int64_t N, int rows, const g1_epi &epi) {
     int &per_sm = c->fp4_blocks; /* resident blocks per SM, asked once (largest staging) */
-    const int most = FP4_RING + MM_FP4_MAXK / 32 * (FP4_XCH + 8);
+    const int most = FP4_RING + MM_FP4_MAXK / 32 * (FP4_XCH + FP4_XD);
     if (!per_sm &&
         (cudaFuncSetAttribute(k_gemv_fp4, cudaFuncAttributeMaxDynamicSharedMemorySize, most) !=
              cudaSuccess ||
@@ -400,7 +435,7 @@ void cu_gemv_fp4(cu_ctx *c, const cu_wexp &dense, const cu_wexp *table, int n_w,
     }
     const int64_t bx = (n_tiles + 8 / S - 1) / (8 / S);
     const dim3 grid((unsigned)(bx > cap ? cap : bx), (unsigned)rows);
-    cu_launch(c, k_gemv_fp4, grid, 256, (size_t)FP4_RING + (size_t)n_ss * 4 * (FP4_XCH + 8),
+    cu_launch(c, k_gemv_fp4, grid, 256, (size_t)FP4_RING + (size_t)n_ss * 4 * (FP4_XCH + FP4_XD),
         dense, table, n_w, ids ? (const char *)ids->data : NULL, ids ? ids->stride[0] : 0, k,
         (const char *)x->data, x->stride[0], x_per_token, (char *)y->data, y->stride[0], (int)K,
         (int)N, S, rows, c->flag_dev, epi);
