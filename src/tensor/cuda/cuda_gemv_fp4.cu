@@ -16,8 +16,9 @@
  *    dequantized weights up to rounding, as before (test_cuda_ops: 2e-5 against a double
  *    reference); the CPU backend instead rounds x to one int8 term.
  *  - The super-steps are split over S warps, partials summed in a fixed order, S the split
- *    whose busiest warp has the fewest super-steps in the one wave of resident blocks (its
- *    slowest block ends the launch); a row's 4 lanes are summed by two shuffles in a fixed order.
+ *    whose busiest warp costs least in the one wave of resident blocks (its slowest block ends
+ *    the launch), a tile's end counted as part of a super-step (FP4_END); a row's 4 lanes are
+ *    summed by two shuffles in a fixed order.
  *  - Before cu_pdl_enter (cuda_impl.h invariant 7) a block loads its norm weights and, dense,
  *    queues its first weight stages: both are on their way while the kernel before drains.
  * Rows, epilogues (g1_epi; fp4_write: one output per lane) and the one-wave grid are k_gemv1's.
@@ -273,7 +274,7 @@ __global__ void __launch_bounds__(256, 2)
     /* [FP4_RING] the warps' rings, then x's int8 terms (4 n_ss chunks of FP4_XCH bytes) and its
      * block scales and corrections (FP4_XD bytes a chunk): fp4_stage */
     extern __shared__ float4 g1_x[];
-    __shared__ float part[8][16];
+    __shared__ float part[2][8][16]; /* by tile parity: no barrier before a part is reused */
     const int tid = threadIdx.x, r = (int)blockIdx.y;
     cu_wexp w = dense;
     int64_t xrow = 0;
@@ -389,24 +390,33 @@ __global__ void __launch_bounds__(256, 2)
             acc[h] += __shfl_xor_sync(0xffffffffu, acc[h], 1);
             acc[h] += __shfl_xor_sync(0xffffffffu, acc[h], 2);
         }
+        float(*pt)[16] = part[it & 1];
         if (t == 0) {
-            part[warp][g] = acc[0];
-            part[warp][g + 8] = acc[1];
+            pt[warp][g] = acc[0];
+            pt[warp][g + 8] = acc[1];
         }
         __syncthreads();
         if (si == 0 && tile < n_tiles) {
             float v = 0.0f;
             if (lane < 16) {
-                v = part[warp][lane];
-                for (int jj = 1; jj < S; jj++) v += part[warp + jj][lane];
+                v = pt[warp][lane];
+                for (int jj = 1; jj < S; jj++) v += pt[warp + jj][lane];
                 v = v * post * w.scale;
             }
             fp4_write(epi, combine, y, ys, r, k, tile, n_tiles, N, lane, v);
         }
-        __syncthreads();
     }
     asm volatile("cp.async.wait_all;\n" ::);
 }
+
+/* A tile's end in quarter super-steps, for the split (cu_gemv_fp4). On the H200 (whole-model
+ * decode, two rounds in one run, builds that also held a BF16 GEMV candidate not kept) these
+ * took the MoE down projections (8 gathered rows, N 2688, K 1856) from S = 4 (three tiles a
+ * warp, 12 super-steps) to S = 1 (one tile, 15 super-steps): 454.1 -> 461.1 tok/s; a whole
+ * super-step a tile's end, which also moves the Mamba in_proj from S = 8 (three tiles of 3) to
+ * S = 2 (one of 11), ran 455.4. */
+#define FP4_END 2
+#define FP4_END_COMBINE 4
 
 /* See cuda_impl.h: k_gemv_fp4 launched as launch_gemv1 launches k_gemv1 (S over 16-row tiles). */
 void cu_gemv_fp4(cu_ctx *c, const cu_wexp &dense, const cu_wexp *table, int n_w,
@@ -422,16 +432,21 @@ void cu_gemv_fp4(cu_ctx *c, const cu_wexp &dense, const cu_wexp *table, int n_w,
         per_sm = 1;
     if (per_sm < 1) per_sm = 1;
     const int64_t n_tiles = (N + 15) / 16, n_ss = (K / 32 + 3) / 4;
-    /* S: the split whose busiest warp has the fewest super-steps, in the one wave of resident
-     * blocks (the smaller S on a tie: fewer partials to add) */
+    /* S: the split whose busiest warp costs least in the one wave of resident blocks (the smaller
+     * S on a tie: fewer partials to add), in quarter super-steps, a tile's end (its partials
+     * through shared memory and a barrier) counting FP4_END and with combine FP4_END_COMBINE
+     * more (a fence and a count per tile) */
+    const bool combine = table && epi.ep == CN_EP_ACC;
+    const int64_t ecost = FP4_END + (combine ? FP4_END_COMBINE : 0);
     const int64_t cap = ((int64_t)c->n_sm * per_sm + rows - 1) / rows;
     int S = 1;
     int64_t best = INT64_MAX;
     for (int s = 1; s <= 8 && (s == 1 || s <= n_ss); s *= 2) {
         const int64_t gx = (n_tiles + 8 / s - 1) / (8 / s);
         const int64_t per_wave = (gx > cap ? cap : gx) * (8 / s);
-        const int64_t steps = (n_tiles + per_wave - 1) / per_wave * ((n_ss + s - 1) / s);
-        if (steps < best) best = steps, S = s;
+        const int64_t iters = (n_tiles + per_wave - 1) / per_wave;
+        const int64_t cost = iters * (4 * ((n_ss + s - 1) / s) + ecost);
+        if (cost < best) best = cost, S = s;
     }
     const int64_t bx = (n_tiles + 8 / S - 1) / (8 / S);
     const dim3 grid((unsigned)(bx > cap ? cap : bx), (unsigned)rows);
