@@ -4,7 +4,9 @@
 # PATCH reversed (so each variant lacks one change: its share in the presence of the others; a
 # patch of every change gives the tree before them all), built side by side, then `cairn bench
 # --backend cuda` of each binary in turn, ROUNDS rounds, so every figure comes from one run on
-# one machine; last the GPU op, forward and speculation tests on the tree as sent.
+# one machine; last the GPU op, forward and speculation tests on the tree as sent. The copies come
+# from the files, never from git (the device's copy of .git can lag the tree: stashing there once
+# reverted a whole session's commits). For one change: PATCH = `git diff` of it, the tree holding it.
 # Usage: sh tools/gpu_variants.sh OUTDIR ROUNDS PATCH...   (WEIGHTS=nvfp4; LAYERS=0, the whole
 # model; BENCH_ARGS for more; the preset is kept in /tmp/gv-WEIGHTS-LAYERS between runs)
 out=${1:?usage: gpu_variants.sh OUTDIR ROUNDS PATCH...}
@@ -20,8 +22,9 @@ jobs=$(($(nproc) / ($# + 1)))
 build() { # DIR TARGETS...
     d=$1
     shift
-    cmake -S "$d" -B "$d/build-cuda" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_CUDA=ON >"$d.log" 2>&1 &&
-        cmake --build "$d/build-cuda" -j "$jobs" --target "$@" >>"$d.log" 2>&1 || echo "build $d failed"
+    log="$out/build_$(basename "$d").log"
+    cmake -S "$d" -B "$d/build-cuda" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_CUDA=ON >"$log" 2>&1 &&
+        cmake --build "$d/build-cuda" -j "$jobs" --target "$@" >>"$log" 2>&1 || echo "build $d failed: $log"
 }
 names="sent"
 i=0
@@ -46,7 +49,8 @@ while [ "$r" -le "$rounds" ]; do
         f="$out/bench_${v}_$r.txt"
         timeout 300 "$(bin "$v")" bench --backend cuda --preset nano-shape $lflag --weights "$w" \
             --work-dir "/tmp/gv-$w-$layers" $BENCH_ARGS >"$f" 2>&1
-        echo "$v $r: rc=$? $(grep -E '^(decode|prefill) ' "$f" | awk '{printf "%s ", $0}')"
+        echo "$v $r: rc=$? prefill $(awk '/^prefill +[0-9]+ tokens/ {print $2 ": " $7}' "$f")" \
+            "decode $(awk '/^decode +[0-9]+ tokens at context +0:/ {print $7}' "$f") tok/s"
     done
     r=$((r + 1))
 done
