@@ -3,8 +3,8 @@
 # them (the device machine: no registry reachable, no libcjson, libmicrohttpd, ... installed).
 #   sh tools/gpu_deps.sh fetch DIR   here: downloads the .deb files into DIR (carry DIR along,
 #                                    e.g. a folder that .git/info/exclude ignores)
-#   . tools/gpu_deps.sh use DIR      there, sourced by bash: unpacks them under /tmp/deps (never into /)
-#                                    and exports CMAKE_PREFIX_PATH and LD_LIBRARY_PATH to them
+#   . tools/gpu_deps.sh use DIR      there, sourced by bash: unpacks them under /tmp/deps (never
+#                                    into /) and exports CMAKE_PREFIX_PATH and LD_LIBRARY_PATH
 # The list is the libraries CMakeLists.txt finds, their runtime packages and what those link.
 pkgs="libcjson-dev libcjson1 libxxhash-dev libxxhash0 libmicrohttpd-dev libmicrohttpd12
 libpcre2-dev libpcre2-8-0 libpcre2-16-0 libpcre2-32-0 libpcre2-posix3 libutf8proc-dev libutf8proc2

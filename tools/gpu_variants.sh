@@ -6,7 +6,8 @@
 # --backend cuda` of each binary in turn, ROUNDS rounds, so every figure comes from one run on
 # one machine; last the GPU op, forward and speculation tests on the tree as sent. The copies come
 # from the files, never from git (the device's copy of .git can lag the tree: stashing there once
-# reverted a whole session's commits). For one change: PATCH = `git diff` of it, the tree holding it.
+# reverted a whole session's commits). For one change: PATCH is `git diff` of it, the tree
+# holding it.
 # Usage: sh tools/gpu_variants.sh OUTDIR ROUNDS PATCH...   (WEIGHTS=nvfp4; LAYERS=0, the whole
 # model; BENCH_ARGS for more; the preset is kept in /tmp/gv-WEIGHTS-LAYERS between runs)
 out=${1:?usage: gpu_variants.sh OUTDIR ROUNDS PATCH...}
@@ -23,8 +24,9 @@ build() { # DIR TARGETS...
     d=$1
     shift
     log="$out/build_$(basename "$d").log"
-    cmake -S "$d" -B "$d/build-cuda" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_CUDA=ON >"$log" 2>&1 &&
-        cmake --build "$d/build-cuda" -j "$jobs" --target "$@" >>"$log" 2>&1 || echo "build $d failed: $log"
+    cmake -S "$d" -B "$d/build-cuda" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCAIRN_CUDA=ON \
+        >"$log" 2>&1 && cmake --build "$d/build-cuda" -j "$jobs" --target "$@" >>"$log" 2>&1 ||
+        echo "build $d failed: $log"
 }
 names="sent"
 i=0
@@ -33,7 +35,8 @@ for p in "$@"; do
     d=/tmp/gv$i
     rm -rf "$d" && mkdir -p "$d"
     tar --exclude='./build*' --exclude='./.git' -cf - . | (cd "$d" && tar xf -)
-    (cd "$d" && patch -s -R -p1 <"$OLDPWD/$p") || { echo "gpu_variants: $p does not reverse"; exit 1; }
+    (cd "$d" && patch -s -R -p1 <"$OLDPWD/$p") ||
+        { echo "gpu_variants: $p does not reverse"; exit 1; }
     names="$names $i"
     build "$d" cairn &
 done

@@ -49,7 +49,7 @@
 
 #include "tensor/cuda/cuda_impl.h"
 
-#define MM_FP4_MAXK 5120 /* staging: K values in registers, then 17.5 KiB of terms, scales and corrections */
+#define MM_FP4_MAXK 5120 /* staging: K values in registers, then 17.5 KiB of terms and scales */
 
 /* Twice the E2M1 values of magnitude codes 0..7 as bytes (0..3 in P0, 4..7 in P1), each below
  * 128 so that a sign-filled lookup gives 0. */
@@ -377,7 +377,8 @@ __global__ void __launch_bounds__(256, 2)
                             d = fp4_dp4a(w8[3], xa.w, d);
                             sum = sum * FP4_R + d;
                         }
-                        acc[h] = fmaf((float)(int)sum, (b ? sc.y : sc.x) * (b ? dd.y : dd.x), acc[h]);
+                        const float bsc = (b ? sc.y : sc.x) * (b ? dd.y : dd.x);
+                        acc[h] = fmaf((float)(int)sum, bsc, acc[h]);
                     }
                 }
             }
