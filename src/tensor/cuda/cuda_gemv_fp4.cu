@@ -6,9 +6,9 @@
  * group's 4 lanes cover 64 consecutive bytes of each row.
  *  - Weights travel by cp.async into a ring of FP4_NST stages per warp (no registers held while
  *    in flight; the first stages are queued before x is staged), the scales with them.
- *  - Nibbles become int8 (twice their E2M1 value, exact) by byte permutes from a table of the 8
- *    magnitudes and one of their negations, picked by the sign bit (fp4_i8: 11 instructions for
- *    8 weights, no conversion and no multiply per weight).
+ *  - Nibbles become bytes 128 + twice their E2M1 value (exact) by two sign-filled permutes of a
+ *    table of the 8 magnitudes and one add (fp4_u8: 9 instructions for 8 weights, no conversion
+ *    and no multiply per weight); x's block correction takes the 128s out of each block's sum.
  *  - x is staged once per block as three int8 terms per value with a scale per block of 16
  *    (fp4_stage: 2^-24 of the block's largest magnitude), so each block's dot product is three
  *    chains of 4 dp4a, combined exactly in one int32; the block scale (E4M3 weight scale times
@@ -36,7 +36,7 @@
  * MoE launches): the items loaded straight into registers, FP4_D ahead, instead of the ring cut
  * the loop's SASS by a fifth but ran the same (431.0 / 431.4 -> 429.5 / 431.8 tok/s; 128
  * registers); 16-warp blocks at 64 registers (two an SM, twice the warps) issued 20% more
- * instructions and ran slower (432 / 428 -> 401 / 400); the right shifts of fp4_i8 as IMAD.HI
+ * instructions and ran slower (432 / 428 -> 401 / 400); the right shifts of the then fp4_i8 as IMAD.HI
  * slower (444.9 / 444.6 -> 440.2 / 439.9); two x terms instead of three faster (+2.5%) but
  * 2.1e-5 from the double reference (tolerance 2e-5). Per SM and clock the H200 retires 64 lanes
  * of PRMT, LOP3, SHF, IDP.4A or IMAD, 128 of IADD, and 32 of IMAD.HI or I2F (a microbenchmark of
