@@ -408,7 +408,7 @@ __global__ void __launch_bounds__(256, MM_G1_MINB)
     if (DT == CN_NVFP4 && tid < 16) lut[tid] = cu_e2m1((unsigned)tid); /* g1_stage syncs */
     if (!table) cu_pdl_enter();
     const float rs = g1_stage<Q>((const float *)(x + xrow * xs), (float *)g1_x, K, epi);
-    const bool combine = table && epi.ep == CN_EP_ACC;
+    const bool combine = g1_combines(table, epi);
     for (int64_t base = (int64_t)blockIdx.x * G; base < n_groups; base += gstep) {
         const int64_t grp = base + g;
         float acc[RW];

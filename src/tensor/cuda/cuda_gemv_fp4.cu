@@ -336,7 +336,7 @@ __global__ void __launch_bounds__(256, 2)
     char *xq = (char *)g1_x + FP4_RING;
     float *xd = (float *)(xq + (size_t)4 * n_ss * FP4_XCH);
     const float post = fp4_stage((const float *)(x + xrow * xs), K, epi, xq, xd, 4 * n_ss, nv);
-    const bool combine = table && epi.ep == CN_EP_ACC;
+    const bool combine = g1_combines(table, epi);
     int slot = 0;
     for (int it = 0; it < n_iter; it++) {
         const int tile = first + gi + it * gstep;
@@ -437,7 +437,7 @@ void cu_gemv_fp4(cu_ctx *c, const cu_wexp &dense, const cu_wexp *table, int n_w,
      * S on a tie: fewer partials to add), in quarter super-steps, a tile's end (its partials
      * through shared memory and a barrier) counting FP4_END and with combine FP4_END_COMBINE
      * more (a fence and a count per tile) */
-    const bool combine = table && epi.ep == CN_EP_ACC;
+    const bool combine = g1_combines(table, epi);
     const int64_t ecost = FP4_END + (combine ? FP4_END_COMBINE : 0);
     const int64_t cap = ((int64_t)c->n_sm * per_sm + rows - 1) / rows;
     int S = 1;

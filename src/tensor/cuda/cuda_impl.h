@@ -449,6 +449,12 @@ typedef struct g1_epi {
     int *cnt;       /* [T, n_groups] */
 } g1_epi;
 
+/* Whether a decode GEMV's rows are combined into y (gathered rows with an accumulating
+ * epilogue) rather than stored one by one: the kernels' epilogue and the split's cost. */
+__host__ __device__ __forceinline__ bool g1_combines(const void *table, const g1_epi &epi) {
+    return table && epi.ep == CN_EP_ACC;
+}
+
 /* A decode GEMV's row r = blockIdx.y: with an expert table, every block first checks all `rows`
  * ids (rows <= blockDim.x); on a bad one block (0,0) sets *flag and false comes back, and the
  * block must write nothing; else *w and *xrow become row r's expert and x row. Without a table
