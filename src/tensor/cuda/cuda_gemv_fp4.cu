@@ -43,6 +43,10 @@
  * independent chains): a super-step's ~110 integer-pipe instructions (48 of them PRMT) alone
  * would allow about 4.9 TB/s, but ncu finds each scheduler issuing every 2.2 cycles (stalls on
  * dependent results and pipe turns with 3-4 warps each), so a launch moves about 1 TB/s.
+ * Session 16 (whole model, pairs in one run, decode ~460 tok/s): rings 6 or 8 deep ran 2-4%
+ * slower, one block an SM 20% slower, three at 80 registers (112 bytes spilled) 6% slower, and
+ * BF16 weights on this ring (a template over the dtype) 1-2% slower than k_gemv1: the loop
+ * waits on each warp's issue, not on memory in flight.
  * Never: other dtypes or shapes (cu_fp4_fits says no and k_gemv1 runs), more than one x row.
  */
 #include <cuda_fp8.h>
