@@ -10,6 +10,9 @@
 # holding it.
 # Usage: sh tools/gpu_variants.sh OUTDIR ROUNDS PATCH...   (WEIGHTS=nvfp4; LAYERS=0, the whole
 # model; BENCH_ARGS for more; the preset is kept in /tmp/gv-WEIGHTS-LAYERS between runs)
+# KNOBS="NAME:VAR=VAL,VAR=VAL ..." (NAME not a number) also benches the sent binary under each NAME's environment in
+# every round (knobs an experiment reads with getenv: no build per candidate; session 16 measured
+# six that way in one run).
 out=${1:?usage: gpu_variants.sh OUTDIR ROUNDS PATCH...}
 rounds=${2:?usage: gpu_variants.sh OUTDIR ROUNDS PATCH...}
 shift 2
@@ -43,14 +46,16 @@ done
 build "$PWD" cairn tensor_test_cuda_ops model_test_forward engine_test_speculate &
 wait
 echo "builds: $(($(date +%s) - t0)) s"
-bin() { [ "$1" = sent ] && echo build-cuda/cairn || echo "/tmp/gv$1/build-cuda/cairn"; }
+for k in $KNOBS; do names="$names ${k%%:*}"; done
+bin() { case $1 in sent | *[!0-9]*) echo build-cuda/cairn ;; *) echo "/tmp/gv$1/build-cuda/cairn" ;; esac; }
+knob() { for k in $KNOBS; do [ "${k%%:*}" = "$1" ] && echo "${k#*:}" | tr ',' ' '; done; }
 lflag=
 [ "$layers" -gt 0 ] && lflag="--layers $layers"
 r=1
 while [ "$r" -le "$rounds" ]; do
     for v in $names; do
         f="$out/bench_${v}_$r.txt"
-        timeout 300 "$(bin "$v")" bench --backend cuda --preset nano-shape $lflag --weights "$w" \
+        env $(knob "$v") timeout 300 "$(bin "$v")" bench --backend cuda --preset nano-shape $lflag --weights "$w" \
             --work-dir "/tmp/gv-$w-$layers" $BENCH_ARGS >"$f" 2>&1
         echo "$v $r: rc=$? prefill $(awk '/^prefill +[0-9]+ tokens/ {print $2 ": " $7}' "$f")" \
             "decode $(awk '/^decode +[0-9]+ tokens at context +0:/ {print $7}' "$f") tok/s"
