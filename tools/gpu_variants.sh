@@ -10,9 +10,9 @@
 # holding it.
 # Usage: sh tools/gpu_variants.sh OUTDIR ROUNDS PATCH...   (WEIGHTS=nvfp4; LAYERS=0, the whole
 # model; BENCH_ARGS for more; the preset is kept in /tmp/gv-WEIGHTS-LAYERS between runs)
-# KNOBS="NAME:VAR=VAL,VAR=VAL ..." (NAME not a number) also benches the sent binary under each NAME's environment in
-# every round (knobs an experiment reads with getenv: no build per candidate; session 16 measured
-# six that way in one run).
+# KNOBS="NAME:VAR=VAL,VAR=VAL ..." (NAME not a number) also benches the sent binary under each
+# NAME's environment in every round (knobs an experiment reads with getenv: no build per
+# candidate; session 16 measured six that way in one run), and runs the op test under each.
 out=${1:?usage: gpu_variants.sh OUTDIR ROUNDS PATCH...}
 rounds=${2:?usage: gpu_variants.sh OUTDIR ROUNDS PATCH...}
 shift 2
@@ -67,3 +67,8 @@ mkdir -p build-cuda/tmp
     -R '^(tensor/test_cuda_ops|model/test_forward|engine/test_speculate)$') >"$out/test.log" 2>&1
 echo "tests (sent): rc=$?"
 grep -E "FAILED|PASSED|rel err|tests passed|Failed" "$out/test.log" | tail -12
+for k in $KNOBS; do # each knob's code path through the op test too
+    (cd build-cuda && env $(knob "${k%%:*}") CAIRN_BACKEND=cuda ctest --output-on-failure -j 1 \
+        -R '^tensor/test_cuda_ops$') >"$out/test_${k%%:*}.log" 2>&1
+    echo "test_cuda_ops (${k%%:*}): rc=$?"
+done
