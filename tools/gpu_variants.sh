@@ -47,7 +47,12 @@ build "$PWD" cairn tensor_test_cuda_ops model_test_forward engine_test_speculate
 wait
 echo "builds: $(($(date +%s) - t0)) s"
 for k in $KNOBS; do names="$names ${k%%:*}"; done
-bin() { case $1 in sent | *[!0-9]*) echo build-cuda/cairn ;; *) echo "/tmp/gv$1/build-cuda/cairn" ;; esac; }
+bin() { # numbers are the patch variants; sent and the knobs run the sent binary
+    case $1 in
+    sent | *[!0-9]*) echo build-cuda/cairn ;;
+    *) echo "/tmp/gv$1/build-cuda/cairn" ;;
+    esac
+}
 knob() { for k in $KNOBS; do [ "${k%%:*}" = "$1" ] && echo "${k#*:}" | tr ',' ' '; done; }
 lflag=
 [ "$layers" -gt 0 ] && lflag="--layers $layers"
@@ -55,8 +60,8 @@ r=1
 while [ "$r" -le "$rounds" ]; do
     for v in $names; do
         f="$out/bench_${v}_$r.txt"
-        env $(knob "$v") timeout 300 "$(bin "$v")" bench --backend cuda --preset nano-shape $lflag --weights "$w" \
-            --work-dir "/tmp/gv-$w-$layers" $BENCH_ARGS >"$f" 2>&1
+        env $(knob "$v") timeout 300 "$(bin "$v")" bench --backend cuda --preset nano-shape $lflag \
+            --weights "$w" --work-dir "/tmp/gv-$w-$layers" $BENCH_ARGS >"$f" 2>&1
         echo "$v $r: rc=$? prefill $(awk '/^prefill +[0-9]+ tokens/ {print $2 ": " $7}' "$f")" \
             "decode $(awk '/^decode +[0-9]+ tokens at context +0:/ {print $7}' "$f") tok/s"
     done
