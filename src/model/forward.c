@@ -314,9 +314,9 @@ static int mamba_mixer(cn_model *m, const cn_mamba_w *w, cn_layer_state *ls, int
     }
     if (rp || (n_cap > 0 && rows_at[0] >= 1 && cn_backend_has_state_caps(b))) {
         const cn_state_caps cc = {.n = n_cap, .rows = rows_at, .states = cap_conv};
+        /* xBC = silu(conv(xBC)) */
         CHECK(cn_op_conv1d_caps(b, &conv, &xbc, &w->conv_w, w->conv_b.data ? &w->conv_b : NULL,
-                                &ls->conv, &cc));
-        CHECK(cn_op_silu(b, &conv, &conv));                               /* xBC = silu(conv(xBC)) */
+                                1, &ls->conv, &cc));
         cn_tensor xs = cn_tensor_cols(&conv, 0, di);
         cn_tensor B = cn_tensor_cols(&conv, di, gn), C = cn_tensor_cols(&conv, di + gn, gn);
         if (rp) { /* model.h cn_replay: no SSM state written but the one after the piece */
@@ -337,8 +337,8 @@ static int mamba_mixer(cn_model *m, const cn_mamba_w *w, cn_layer_state *ls, int
         int n = seg[i].end - start;
         if (n > 0) {
             cn_tensor cx = cn_tensor_rows(&conv, start, n), ix = cn_tensor_rows(&xbc, start, n);
-            CHECK(cn_op_conv1d(b, &cx, &ix, &w->conv_w, w->conv_b.data ? &w->conv_b : NULL, &ls->conv));
-            CHECK(cn_op_silu(b, &cx, &cx));                            /* xBC = silu(conv(xBC)) */
+            CHECK(cn_op_conv1d(b, &cx, &ix, &w->conv_w, w->conv_b.data ? &w->conv_b : NULL, 1,
+                               &ls->conv));                            /* xBC = silu(conv(xBC)) */
             cn_tensor xs = cn_tensor_cols(&cx, 0, di);
             cn_tensor B = cn_tensor_cols(&cx, di, gn), C = cn_tensor_cols(&cx, di + gn, gn);
             cn_tensor dts = cn_tensor_rows(&dt, start, n), ys = cn_tensor_rows(&y, start, n);

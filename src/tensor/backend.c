@@ -257,13 +257,13 @@ int cn_op_gated_rmsnorm(cn_backend *b, cn_tensor *y, const cn_tensor *x, const c
 }
 
 int cn_op_conv1d(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w,
-                 const cn_tensor *bias, cn_tensor *state) {
+                 const cn_tensor *bias, int silu, cn_tensor *state) {
     if (!is2d_f32(y) || !is2d_f32(x) || !same2d(y, x) || !is2d_f32(w) || !is2d_f32(state))
         return CN_EINVAL;
     int64_t C = COLS(x), K = COLS(w);
     if (ROWS(w) != C || ROWS(state) != K - 1 || COLS(state) != C) return CN_EINVAL;
     if (bias && !is_vec_f32(bias, C)) return CN_EINVAL;
-    return b->iface->conv1d(b, y, x, w, bias, state);
+    return b->iface->conv1d(b, y, x, w, bias, silu != 0, state);
 }
 
 static int check_ssm(const cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
@@ -308,7 +308,8 @@ int cn_backend_has_state_caps(const cn_backend *b) {
 }
 
 int cn_op_conv1d_caps(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w,
-                      const cn_tensor *bias, cn_tensor *state, const cn_state_caps *caps) {
+                      const cn_tensor *bias, int silu, cn_tensor *state,
+                      const cn_state_caps *caps) {
     if (!is2d_f32(y) || !is2d_f32(x) || !same2d(y, x) || !is2d_f32(w) || !is2d_f32(state))
         return CN_EINVAL;
     int64_t C = COLS(x), K = COLS(w);
@@ -317,7 +318,7 @@ int cn_op_conv1d_caps(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_
     int rc = check_caps(caps, ROWS(x), state);
     if (rc) return rc;
     if (!cn_backend_has_state_caps(b)) return CN_EUNSUPPORTED;
-    return b->iface->conv1d_caps(b, y, x, w, bias, state, caps);
+    return b->iface->conv1d_caps(b, y, x, w, bias, silu != 0, state, caps);
 }
 
 int cn_op_ssm_scan_caps(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,

@@ -184,12 +184,13 @@ int cn_op_rmsnorm(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tens
 /* y = groupRMSNorm(x * silu(z)) * w with groups of `group` columns. y may alias x. */
 int cn_op_gated_rmsnorm(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *z,
                         const cn_tensor *w, int group, float eps);
-/* Causal depthwise conv over time, no activation:
- * y[t,c] = bias[c] + sum_k w[c,k] * in[t-K+1+k, c], where in[<0] comes from state.
- * w:[C,K], bias:[C], state:[K-1, C] (oldest first) holds the raw inputs before x[0]; on return it
- * holds the last K-1 raw inputs (of state ++ x). */
+/* Causal depthwise conv over time:
+ * y[t,c] = act(bias[c] + sum_k w[c,k] * in[t-K+1+k, c]), where in[<0] comes from state and act
+ * is silu when `silu` is set (the bits of cn_op_silu on the sum: Mamba's activation without a
+ * second pass), else none. w:[C,K], bias:[C], state:[K-1, C] (oldest first) holds the raw inputs
+ * before x[0]; on return it holds the last K-1 raw inputs (of state ++ x). */
 int cn_op_conv1d(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w,
-                 const cn_tensor *bias, cn_tensor *state);
+                 const cn_tensor *bias, int silu, cn_tensor *state);
 /* Mamba2 selective scan over T >= 1 tokens from `state` ([H, P*N] F32), which is updated to the
  * state after the last token. x:[T,H*P], dt:[T,H] raw (before dt_bias/softplus), B,C:[T,G*N].
  * y:[T,H*P] = scan output + D * x. */
@@ -208,7 +209,7 @@ typedef struct cn_state_caps {
  * backend, with cn_op_ssm_scan_caps: CN_EUNSUPPORTED where it lacks them, see
  * cn_backend_has_state_caps; the caller then cuts the call at the captures.) */
 int cn_op_conv1d_caps(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w,
-                      const cn_tensor *bias, cn_tensor *state, const cn_state_caps *caps);
+                      const cn_tensor *bias, int silu, cn_tensor *state, const cn_state_caps *caps);
 /* cn_op_ssm_scan, also writing each capture's SSM state; the same outputs, bit for bit, as the
  * scan cut into calls that end at the captures. (optional, as cn_op_conv1d_caps) */
 int cn_op_ssm_scan_caps(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,

@@ -35,7 +35,7 @@ typedef struct cn_backend_iface {
     int (*gated_rmsnorm)(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *z,
                          const cn_tensor *w, int group, float eps);
     int (*conv1d)(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w,
-                  const cn_tensor *bias, cn_tensor *state);
+                  const cn_tensor *bias, int silu, cn_tensor *state);
     int (*ssm_scan)(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
                     const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a, cn_tensor *state);
     int (*ssm_step)(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
@@ -82,7 +82,8 @@ typedef struct cn_backend_iface {
     /* Captures inside one call (backend.h cn_state_caps), (optional, together or not at all):
      * default CN_EUNSUPPORTED. */
     int (*conv1d_caps)(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w,
-                       const cn_tensor *bias, cn_tensor *state, const cn_state_caps *caps);
+                       const cn_tensor *bias, int silu, cn_tensor *state,
+                       const cn_state_caps *caps);
     int (*ssm_scan_caps)(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
                          const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a,
                          cn_tensor *state, const cn_state_caps *caps);

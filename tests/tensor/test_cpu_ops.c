@@ -634,18 +634,32 @@ static void test_conv1d_reference_and_split(void **state) {
                 ref[t * C + c] = acc;
             }
         view y = view_make(T, C, 2), st = view_clone(&s0);
-        assert_int_equal(cn_op_conv1d(b, &y.t, &x.t, &w.t, bp, &st.t), CN_OK);
+        assert_int_equal(cn_op_conv1d(b, &y.t, &x.t, &w.t, bp, 0, &st.t), CN_OK);
         expect_view_close("conv1d", &y, ref, 2e-6);
         for (int64_t i = 0; i < K - 1; i++) /* last K-1 raw inputs */
             for (int64_t c = 0; c < C; c++) assert_true(*at(&st, i, c) == *at(&x, T - K + 1 + i, c));
+        { /* silu fused: the bits of the conv and then the silu op, the same state */
+            view ys = view_make(T, C, 2), yf = view_make(T, C, 2), stf = view_clone(&s0);
+            assert_int_equal(cn_op_silu(b, &ys.t, &y.t), CN_OK);
+            assert_int_equal(cn_op_conv1d(b, &yf.t, &x.t, &w.t, bp, 1, &stf.t), CN_OK);
+            assert_true(views_equal(&ys, &yf));
+            assert_true(views_equal(&st, &stf));
+            int changed = 0; /* the flag did something: silu moved some value */
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t c = 0; c < C; c++) changed |= *at(&yf, t, c) != *at(&y, t, c);
+            assert_true(changed);
+            view_free(&ys);
+            view_free(&yf);
+            view_free(&stf);
+        }
 
         /* two calls split anywhere == one call, bit for bit */
         for (int64_t split = 1; split < T; split++) {
             view y2 = view_make(T, C, 2), st2 = view_clone(&s0);
             cn_tensor xa = cn_tensor_rows(&x.t, 0, split), xb = cn_tensor_rows(&x.t, split, T - split);
             cn_tensor ya = cn_tensor_rows(&y2.t, 0, split), yb = cn_tensor_rows(&y2.t, split, T - split);
-            assert_int_equal(cn_op_conv1d(b, &ya, &xa, &w.t, bp, &st2.t), CN_OK);
-            assert_int_equal(cn_op_conv1d(b, &yb, &xb, &w.t, bp, &st2.t), CN_OK);
+            assert_int_equal(cn_op_conv1d(b, &ya, &xa, &w.t, bp, 0, &st2.t), CN_OK);
+            assert_int_equal(cn_op_conv1d(b, &yb, &xb, &w.t, bp, 0, &st2.t), CN_OK);
             assert_true(views_equal(&y, &y2));
             assert_true(views_equal(&st, &st2));
             view_free(&y2);
@@ -986,13 +1000,14 @@ static void test_state_caps_equal_segments(void **state) {
                 capt[i] = &cap[i].t;
             }
             const cn_state_caps cc = {.n = n, .rows = rows, .states = capt};
-            assert_int_equal(cn_op_conv1d_caps(b, &y.t, &x.t, &w.t, NULL, &st.t, &cc), CN_OK);
+            const int silu = si == 1; /* one of the sets through the fused activation */
+            assert_int_equal(cn_op_conv1d_caps(b, &y.t, &x.t, &w.t, NULL, silu, &st.t, &cc), CN_OK);
             for (int i = 0, t0 = 0; i <= n; i++) { /* the same cut at the captures */
                 int t1 = i < n ? rows[i] : (int)T;
                 if (t1 > t0) {
                     cn_tensor xa = cn_tensor_rows(&x.t, t0, t1 - t0);
                     cn_tensor ya = cn_tensor_rows(&ycut.t, t0, t1 - t0);
-                    assert_int_equal(cn_op_conv1d(b, &ya, &xa, &w.t, NULL, &stcut.t), CN_OK);
+                    assert_int_equal(cn_op_conv1d(b, &ya, &xa, &w.t, NULL, silu, &stcut.t), CN_OK);
                 }
                 if (i < n) assert_int_equal(cn_backend_copy(b, &capcut[i].t, &stcut.t), CN_OK);
                 t0 = t1;
@@ -1026,7 +1041,8 @@ static void test_state_caps_equal_segments(void **state) {
                                   {.n = 1, .rows = past, .states = two},
                                   {.n = 1, .rows = ok, .states = bad_shape}};
     for (int i = 0; i < 4; i++) {
-        assert_int_equal(cn_op_conv1d_caps(b, &y.t, &x.t, &w.t, NULL, &st.t, &bad[i]), CN_EINVAL);
+        assert_int_equal(cn_op_conv1d_caps(b, &y.t, &x.t, &w.t, NULL, 0, &st.t, &bad[i]),
+                         CN_EINVAL);
         assert_true(views_equal(&st, &s0));
         view_check_pad(&y);
         for (int64_t t = 0; t < T; t++) assert_true(*at(&y, t, 0) == SENTINEL);

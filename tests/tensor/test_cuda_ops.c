@@ -413,17 +413,17 @@ static void test_conv1d(void **st) {
     pv x = pv_make(T, C, 2, -1, 1), y = pv_make(T, C, 1, 0, 0);
     pv w = pv_make(C, K, 0, -0.5f, 0.5f), bias = vec_make(C, -0.2f, 0.2f);
     pv s = pv_make(K - 1, C, 0, -1, 1);
-    assert_int_equal(cn_op_conv1d(g_cpu, &y.c, &x.c, &w.c, &bias.c, &s.c), 0);
-    assert_int_equal(cn_op_conv1d(g_cu, &y.g, &x.g, &w.g, &bias.g, &s.g), 0);
+    assert_int_equal(cn_op_conv1d(g_cpu, &y.c, &x.c, &w.c, &bias.c, 0, &s.c), 0);
+    assert_int_equal(cn_op_conv1d(g_cu, &y.g, &x.g, &w.g, &bias.g, 0, &s.g), 0);
     pv_expect("conv1d y", &y, TOL_EW);
     pv_expect("conv1d state", &s, 0.0);
     /* again from the new state, in two pieces on CUDA (2 tokens walked in time, then 19 in
-     * parallel) and one on the CPU, no bias */
-    assert_int_equal(cn_op_conv1d(g_cpu, &y.c, &x.c, &w.c, NULL, &s.c), 0);
+     * parallel) and one on the CPU, no bias, silu fused (both kernels' activation) */
+    assert_int_equal(cn_op_conv1d(g_cpu, &y.c, &x.c, &w.c, NULL, 1, &s.c), 0);
     cn_tensor y0 = cn_tensor_rows(&y.g, 0, 2), y1 = cn_tensor_rows(&y.g, 2, T - 2);
     cn_tensor x0 = cn_tensor_rows(&x.g, 0, 2), x1 = cn_tensor_rows(&x.g, 2, T - 2);
-    assert_int_equal(cn_op_conv1d(g_cu, &y0, &x0, &w.g, NULL, &s.g), 0);
-    assert_int_equal(cn_op_conv1d(g_cu, &y1, &x1, &w.g, NULL, &s.g), 0);
+    assert_int_equal(cn_op_conv1d(g_cu, &y0, &x0, &w.g, NULL, 1, &s.g), 0);
+    assert_int_equal(cn_op_conv1d(g_cu, &y1, &x1, &w.g, NULL, 1, &s.g), 0);
     pv_expect("conv1d split y", &y, TOL_EW);
     pv_expect("conv1d split state", &s, 0.0);
     pv_free(&x);

@@ -186,11 +186,11 @@ int cpu_rmsnorm(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor
 int cpu_gated_rmsnorm(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *z,
                       const cn_tensor *w, int group, float eps);
 int cpu_conv1d(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w,
-               const cn_tensor *bias, cn_tensor *state);
+               const cn_tensor *bias, int silu, cn_tensor *state);
 int cpu_ssm_scan(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
                  const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a, cn_tensor *state);
 int cpu_conv1d_caps(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w,
-                    const cn_tensor *bias, cn_tensor *state, const cn_state_caps *caps);
+                    const cn_tensor *bias, int silu, cn_tensor *state, const cn_state_caps *caps);
 int cpu_ssm_scan_caps(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
                       const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a,
                       cn_tensor *state, const cn_state_caps *caps);

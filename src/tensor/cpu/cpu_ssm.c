@@ -2,7 +2,9 @@
  *
  * Promises: the scan is the exact per-token recurrence in fp32 (no chunked SSD), so a scan over T
  * tokens, T single steps, or any split into segments give bit-identical outputs and states; the
- * `chunk` hint is ignored. conv1d likewise gives the same result for one call or any split.
+ * `chunk` hint is ignored. conv1d likewise gives the same result for one call or any split, and
+ * its fused silu is the silu op's kernel run on each finished row of sums (the same bits as the
+ * op after it).
  * Parallel over heads (scan) and channel blocks (conv); each output is computed by one thread in a
  * fixed order. Never writes outside y, state and the captures' states (which get exactly what the
  * state holds after their row: the conv's raw inputs, the scan's per-head state copied as each
@@ -23,6 +25,7 @@ typedef struct conv_job {
     const cn_tensor *y, *x, *w, *state;
     const cn_state_caps *caps; /* NULL: none */
     const float *bias; /* [C] or NULL */
+    const cpu_kernels *silu; /* the silu op's kernels for the outputs, NULL: none */
     int64_t T, C, K;
 } conv_job;
 
@@ -62,6 +65,7 @@ static void conv_task(void *arg, int begin, int end) {
                     v += wt[3][c] * x3[c];
                     y[c] = v;
                 }
+                if (j->silu) j->silu->silu(y, y, n); /* the silu op's bits, on the finished sums */
                 continue;
             }
             for (int64_t c = 0; c < n; c++) y[c] = j->bias ? j->bias[c0 + c] : 0.0f;
@@ -75,6 +79,7 @@ static void conv_task(void *arg, int begin, int end) {
                     for (int64_t c = 0; c < n; c++) y[c] += w[c * ws] * in[c];
                 }
             }
+            if (j->silu) j->silu->silu(y, y, n);
         }
         /* a capture after r rows holds the inputs at times r - (K-1) .. r - 1, read before the
          * state below is overwritten */
@@ -93,9 +98,10 @@ static void conv_task(void *arg, int begin, int end) {
 }
 
 int cpu_conv1d_caps(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w,
-                    const cn_tensor *bias, cn_tensor *state, const cn_state_caps *caps) {
+                    const cn_tensor *bias, int silu, cn_tensor *state, const cn_state_caps *caps) {
     conv_job j = {.y = y, .x = x, .w = w, .state = state, .caps = caps && caps->n ? caps : NULL,
                   .bias = bias ? (const float *)bias->data : NULL,
+                  .silu = silu ? &cpu_ctx_of(b)->kern : NULL,
                   .T = x->shape[0], .C = x->shape[1], .K = w->shape[1]};
     int n_blk = (int)((j.C + CONV_CB - 1) / CONV_CB);
     cpu_parallel(cpu_ctx_of(b), n_blk, j.T * j.C * j.K * 2, conv_task, &j);
@@ -103,8 +109,8 @@ int cpu_conv1d_caps(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_te
 }
 
 int cpu_conv1d(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w,
-               const cn_tensor *bias, cn_tensor *state) {
-    return cpu_conv1d_caps(b, y, x, w, bias, state, NULL);
+               const cn_tensor *bias, int silu, cn_tensor *state) {
+    return cpu_conv1d_caps(b, y, x, w, bias, silu, state, NULL);
 }
 
 /* ---- selective scan ---- */

@@ -380,7 +380,7 @@ int cu_rmsnorm(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor 
 int cu_gated_rmsnorm(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *z,
                      const cn_tensor *w, int group, float eps);
 int cu_conv1d(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w,
-              const cn_tensor *bias, cn_tensor *state);
+              const cn_tensor *bias, int silu, cn_tensor *state);
 int cu_ssm_scan(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *dt,
                 const cn_tensor *B, const cn_tensor *C, const cn_ssm_args *a, cn_tensor *state);
 int cu_attention(cn_backend *b, cn_tensor *out, const cn_tensor *q, const cn_tensor *kc,

@@ -12,7 +12,9 @@
  * warp, with cuda_elementwise.cu's row grids, same run), and the two rows a warp took the whole
  * model's scan from 767 to 393 us a layer (prefill 13,634 -> 14,479 tok/s).
  * conv1d: each output is the same sum in the same order (bias, then k ascending) whatever the
- * launch: a few tokens walk time on one thread per channel, which also rolls the state in place;
+ * launch, through cu_silu_f when asked (the silu op's formula, so that a decode token's conv and
+ * activation are one launch); a few tokens walk time on one thread per channel, which also rolls
+ * the state in place;
  * more tokens take one thread per output, the state rolled by a second launch after the first
  * read it. Never writes outside y and state.
  */
@@ -31,8 +33,8 @@
 /* Few tokens (decode, drafts): one thread per channel walks them in order and rolls the state in
  * place (row i + T >= i is read before it is overwritten), all in one launch. */
 __global__ void k_conv1d_seq(char *y, int64_t ys, const char *x, int64_t xs, const char *w, int64_t ws,
-                             const float *bias, char *state, int64_t ss, int64_t T, int64_t C,
-                             int64_t K) {
+                             const float *bias, int silu, char *state, int64_t ss, int64_t T,
+                             int64_t C, int64_t K) {
     cu_pdl_enter();
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
@@ -40,7 +42,7 @@ __global__ void k_conv1d_seq(char *y, int64_t ys, const char *x, int64_t xs, con
     for (int64_t t = 0; t < T; t++) {
         float acc = bias ? bias[c] : 0.0f;
         for (int64_t k = 0; k < K; k++) acc += wr[k] * CONV_IN(t - K + 1 + k);
-        ((float *)(y + t * ys))[c] = acc;
+        ((float *)(y + t * ys))[c] = silu ? cu_silu_f(acc) : acc;
     }
     for (int64_t i = 0; i < K - 1; i++) {
         const float v = CONV_IN(T - (K - 1) + i);
@@ -51,8 +53,8 @@ __global__ void k_conv1d_seq(char *y, int64_t ys, const char *x, int64_t xs, con
 /* Many tokens (prefill): one thread per output (t, c). The outputs are independent, so a piece
  * fills the GPU instead of walking time on one thread per channel; the state is only read. */
 __global__ void k_conv1d(char *y, int64_t ys, const char *x, int64_t xs, const char *w, int64_t ws,
-                         const float *bias, const char *state, int64_t ss, int64_t t0, int64_t C,
-                         int64_t K) {
+                         const float *bias, int silu, const char *state, int64_t ss, int64_t t0,
+                         int64_t C, int64_t K) {
     cu_pdl_enter();
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int64_t t = t0 + blockIdx.y;
@@ -60,7 +62,7 @@ __global__ void k_conv1d(char *y, int64_t ys, const char *x, int64_t xs, const c
     const float *wr = (const float *)(w + c * ws);
     float acc = bias ? bias[c] : 0.0f;
     for (int64_t k = 0; k < K; k++) acc += wr[k] * CONV_IN(t - K + 1 + k);
-    ((float *)(y + t * ys))[c] = acc;
+    ((float *)(y + t * ys))[c] = silu ? cu_silu_f(acc) : acc;
 }
 
 /* The state rolled to the last K-1 inputs, after k_conv1d (stream order) read the old one. One
@@ -78,7 +80,7 @@ __global__ void k_conv1d_state(const char *x, int64_t xs, char *state, int64_t s
 #undef CONV_IN
 
 int cu_conv1d(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *w,
-              const cn_tensor *bias, cn_tensor *state) {
+              const cn_tensor *bias, int silu, cn_tensor *state) {
     cu_ctx *c = cu_ctx_of(b);
     const int64_t T = x->shape[0], C = x->shape[1], K = w->shape[1];
     if (C == 0 || T == 0) return CN_OK;
@@ -86,7 +88,7 @@ int cu_conv1d(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *
     if (T <= CONV_SEQ_MAX_T) {
         cu_launch(c, k_conv1d_seq, cb, 128, 0,
             (char *)y->data, y->stride[0], (const char *)x->data, x->stride[0], (const char *)w->data,
-            w->stride[0], bias ? (const float *)bias->data : NULL, (char *)state->data,
+            w->stride[0], bias ? (const float *)bias->data : NULL, silu, (char *)state->data,
             state->stride[0], T, C, K);
         return cu_launch_check("conv1d");
     }
@@ -94,8 +96,8 @@ int cu_conv1d(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *
         const int64_t n = T - t0 < 65535 ? T - t0 : 65535;
         cu_launch(c, k_conv1d, dim3(cb, (unsigned)n), 128, 0,
             (char *)y->data, y->stride[0], (const char *)x->data, x->stride[0], (const char *)w->data,
-            w->stride[0], bias ? (const float *)bias->data : NULL, (const char *)state->data,
-            state->stride[0], t0, C, K);
+            w->stride[0], bias ? (const float *)bias->data : NULL, silu,
+            (const char *)state->data, state->stride[0], t0, C, K);
         int rc = cu_launch_check("conv1d");
         if (rc) return rc;
     }
