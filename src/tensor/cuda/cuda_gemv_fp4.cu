@@ -36,8 +36,8 @@
  * MoE launches): the items loaded straight into registers, FP4_D ahead, instead of the ring cut
  * the loop's SASS by a fifth but ran the same (431.0 / 431.4 -> 429.5 / 431.8 tok/s; 128
  * registers); 16-warp blocks at 64 registers (two an SM, twice the warps) issued 20% more
- * instructions and ran slower (432 / 428 -> 401 / 400); the right shifts of the then fp4_i8 as IMAD.HI
- * slower (444.9 / 444.6 -> 440.2 / 439.9); two x terms instead of three faster (+2.5%) but
+ * instructions and ran slower (432 / 428 -> 401 / 400); the right shifts of the then fp4_i8 as
+ * IMAD.HI slower (444.9 / 444.6 -> 440.2 / 439.9); two x terms instead of three faster (+2.5%) but
  * 2.1e-5 from the double reference (tolerance 2e-5). Per SM and clock the H200 retires 64 lanes
  * of PRMT, LOP3, SHF, IDP.4A or IMAD, 128 of IADD, and 32 of IMAD.HI or I2F (a microbenchmark of
  * independent chains): a super-step's ~110 integer-pipe instructions (48 of them PRMT) alone

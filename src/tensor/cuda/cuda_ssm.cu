@@ -14,9 +14,8 @@
  * conv1d: each output is the same sum in the same order (bias, then k ascending) whatever the
  * launch, through cu_silu_f when asked (the silu op's formula, so that a decode token's conv and
  * activation are one launch); a few tokens walk time on one thread per channel, which also rolls
- * the state in place;
- * more tokens take one thread per output, the state rolled by a second launch after the first
- * read it. Never writes outside y and state.
+ * the state in place; more tokens take one thread per output, the state rolled by a second
+ * launch after the first read it. Never writes outside y and state.
  */
 #include <math.h>
 
