@@ -4,7 +4,8 @@
  * all-position logits within 1e-4 of the largest reference logit, and identical greedy tokens.
  * Self-consistency: a prefill split at every position, token-by-token decode, small ubatches and
  * restores from captured recurrent state all equal one uninterrupted prefill.
- * Runs on $CAIRN_BACKEND (cpu when unset; `make test-cuda` runs it on the GPU, same tolerances).
+ * Runs on $CAIRN_BACKEND (cpu when unset; `make test-cuda` runs it on the GPU, same tolerances but
+ * NVFP4's shared-expert fold, FOLD_FP4_GPU_TOL).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -22,6 +23,11 @@
 
 #define REL_TOL 1e-4
 #define SELF_TOL 2e-5 /* same math, different cut points: rounding only */
+/* The shared expert folded against apart with NVFP4 weights on the GPU: its decode GEMV holds x
+ * as two int8 terms (cuda_gemv_fp4.cu), so an fp32 rounding difference upstream can move a value
+ * by one step of the second term, 2^-16 of its block's largest; the H200 showed 2.1e-5 (prefill)
+ * and 3.9e-5 (decode) */
+#define FOLD_FP4_GPU_TOL 1e-4
 
 typedef struct golden {
     char dir[512];
@@ -673,7 +679,7 @@ static void test_bad_batches(void **st) {
 
 /* The model in dir opened folded and apart: every prefill row and decode step must agree, up to
  * the rounding of the shared expert's sum cut in parts. */
-static void check_fold(const char *dir, const char *what) {
+static void check_fold(const char *dir, const char *what, double tol) {
     fixture f[2];
     for (int i = 0; i < 2; i++) {
         cn_model_opts mo = {.ubatch = 16, .shared_apart = i};
@@ -700,8 +706,8 @@ static void check_fold(const char *dir, const char *what) {
     const double ed = tu_rel_err(dec[0], dec[1], (size_t)D * f[0].V);
     fprintf(stderr, "%s: shared expert folded against apart: prefill rel err %.3g, decode %.3g\n",
             what, ep, ed);
-    assert_true(ep < SELF_TOL);
-    assert_true(ed < SELF_TOL);
+    assert_true(ep < tol);
+    assert_true(ed < tol);
     for (int i = 0; i < 2; i++) {
         free(lg[i]);
         free(dec[i]);
@@ -717,7 +723,7 @@ static void test_shared_fold(void **st) {
     char *dir = synth_f32("fold", NULL);
     cn_err err;
     cn_err_clear(&err);
-    check_fold(dir, "f32");
+    check_fold(dir, "f32", SELF_TOL);
     const cn_qalgo algos[] = {CN_QALGO_NVFP4, CN_QALGO_MXFP8};
     const char *names[] = {"nvfp4", "mxfp8"};
     for (int a = 0; a < 2; a++) {
@@ -728,7 +734,8 @@ static void test_shared_fold(void **st) {
         int rc = cn_quantize_dir(&qo, &qs, &err);
         if (rc) fprintf(stderr, "quantize: %s\n", err.msg);
         assert_int_equal(rc, 0);
-        check_fold(q, names[a]);
+        const int gpu_fp4 = algos[a] == CN_QALGO_NVFP4 && strcmp(cn_backend_default_name(), "cpu");
+        check_fold(q, names[a], gpu_fp4 ? FOLD_FP4_GPU_TOL : SELF_TOL);
         tu_rmtree(q);
         free(q);
     }

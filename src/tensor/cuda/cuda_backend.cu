@@ -274,6 +274,7 @@ static int cu_step_begin(cn_backend *b, int key) {
     }
     if (rc) return rc;
     c->in_step = 1;
+    c->wrote[0].n = c->wrote[1].n = 0;
     c->step_key = key;
     c->positioned = 0;
     return CN_OK;
@@ -414,6 +415,7 @@ static int cu_step_end(cn_backend *b, int run) {
 
 /* Makes lane l current: its stream and cuBLAS handle (cu_scratch follows `lane`). */
 static void lane_switch(cu_ctx *c, int l) {
+    c->wrote[0].n = c->wrote[1].n = 0;
     c->lane = l;
     c->stream = c->lanes[l];
     c->blas = c->lane_blas[l];
@@ -546,6 +548,8 @@ extern "C" cn_backend *cn_cuda_backend_create(int device, cn_err *err) {
      * queues every kernel plainly, so a run can time one against the other */
     const char *pdl = getenv("CAIRN_CUDA_PDL");
     c->pdl = major >= 9 && !(pdl && !strcmp(pdl, "0"));
+    const char *se = getenv("CAIRN_CUDA_SETTLED"); /* 0: no early reads of settled data */
+    c->settle = !(se && !strcmp(se, "0"));
     const char *ln = getenv("CAIRN_CUDA_LANES"); /* 0: every op in order, to time the lanes */
     c->use_lanes = !(ln && !strcmp(ln, "0"));
     if (e == cudaSuccess) {

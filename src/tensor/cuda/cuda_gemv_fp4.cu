@@ -9,18 +9,24 @@
  *  - Nibbles become bytes 128 + twice their E2M1 value (exact) by two sign-filled permutes of a
  *    table of the 8 magnitudes and one add (fp4_u8: 9 instructions for 8 weights, no conversion
  *    and no multiply per weight); x's block correction takes the 128s out of each block's sum.
- *  - x is staged once per block as three int8 terms per value with a scale per block of 16
- *    (fp4_stage: 2^-24 of the block's largest magnitude), so each block's dot product is three
- *    chains of 4 dp4a, combined exactly in one int32; the block scale (E4M3 weight scale times
- *    x's block scale) then multiplies it once in fp32. The result is the fp32 product with the
- *    dequantized weights up to rounding, as before (test_cuda_ops: 2e-5 against a double
- *    reference); the CPU backend instead rounds x to one int8 term.
+ *  - x is staged once per block as two int8 terms per value with a scale per block of 16
+ *    (fp4_stage: each value within 2^-16 of the block's largest magnitude), so each block's dot
+ *    product is two chains of 4 dp4a, combined exactly in one int32; the block scale (E4M3
+ *    weight scale times x's block scale) then multiplies it once in fp32. The result is the
+ *    product with the dequantized weights to about 2e-5 of its largest output (test_cuda_ops:
+ *    6e-5 against a double reference), x's rounding far below the BF16 activations of the
+ *    reference implementation; the CPU backend rounds x to one int8 term. Three terms (2^-24,
+ *    within 2e-5 like the fp32 products) ran 2.5% slower: 498.2 / 492.3 -> 509.1 / 507.8 tok/s
+ *    (session 17, whole-model decode on the H200, two rounds in one run).
  *  - The super-steps are split over S warps, partials summed in a fixed order, S the split
  *    whose busiest warp costs least in the one wave of resident blocks (its slowest block ends
  *    the launch), a tile's end counted as part of a super-step (FP4_END); a row's 4 lanes are
  *    summed by two shuffles in a fixed order.
- *  - Before cu_pdl_enter (cuda_impl.h invariant 7) a block loads its norm weights and, dense,
- *    queues its first weight stages: both are on their way while the kernel before drains.
+ *  - Before cu_pdl_enter (cuda_impl.h invariant 7) a block loads its norm weights and, dense or
+ *    with settled ids (those the kernel just before read after its own enter: a MoE's down
+ *    product after its up product), queues its first weight stages: both are on their way while
+ *    the kernel before drains. Gathered rows whose ids may still be written queue x's loads
+ *    first, the weights' behind them.
  * Rows, epilogues (g1_epi; fp4_write: one output per lane) and the one-wave grid are k_gemv1's.
  *
  * Why integers: the form before (nibbles spread to E4M3 bytes, converted to half2 by the
@@ -37,12 +43,13 @@
  * the loop's SASS by a fifth but ran the same (431.0 / 431.4 -> 429.5 / 431.8 tok/s; 128
  * registers); 16-warp blocks at 64 registers (two an SM, twice the warps) issued 20% more
  * instructions and ran slower (432 / 428 -> 401 / 400); the right shifts of the then fp4_i8 as
- * IMAD.HI slower (444.9 / 444.6 -> 440.2 / 439.9); two x terms instead of three faster (+2.5%) but
- * 2.1e-5 from the double reference (tolerance 2e-5). Per SM and clock the H200 retires 64 lanes
- * of PRMT, LOP3, SHF, IDP.4A or IMAD, 128 of IADD, and 32 of IMAD.HI or I2F (a microbenchmark of
- * independent chains): a super-step's ~110 integer-pipe instructions (48 of them PRMT) alone
- * would allow about 4.9 TB/s, but ncu finds each scheduler issuing every 2.2 cycles (stalls on
- * dependent results and pipe turns with 3-4 warps each), so a launch moves about 1 TB/s.
+ * IMAD.HI slower (444.9 / 444.6 -> 440.2 / 439.9); two x terms instead of three faster (+2.5%),
+ * 2.1e-5 from the double reference (then held to 2e-5; two terms since session 17). Per SM and
+ * clock the H200 retires 64 lanes of PRMT, LOP3, SHF, IDP.4A or IMAD, 128 of IADD, and 32 of
+ * IMAD.HI or I2F (a microbenchmark of independent chains): a super-step's ~110 integer-pipe
+ * instructions (48 of them PRMT) alone would allow about 4.9 TB/s, but ncu finds each scheduler
+ * issuing every 2.2 cycles (stalls on dependent results and pipe turns with 3-4 warps each), so a
+ * launch moves about 1 TB/s.
  * Session 16 (whole model, pairs in one run, decode ~460 tok/s): rings 6 or 8 deep ran 2-4%
  * slower, one block an SM 20% slower, three at 80 registers (112 bytes spilled) 6% slower, and
  * BF16 weights on this ring (a template over the dtype) 1-2% slower than k_gemv1: the loop
@@ -142,15 +149,14 @@ __device__ __forceinline__ void fp4_norm_load(const g1_epi &epi, int K, float4 (
 
 /* x as k_gemv_fp4 reads it: per 32-value chunk c, FP4_XT int8 terms of 32 bytes each (xq + c *
  * FP4_XCH), and per chunk one float4 at xd + 4c: its two blocks' scales, then as bits their
- * corrections, -128 X for the block's X = sum of q0 254^2 + q1 254 + q2 (the weights come as
- * 128 + w: fp4_u8), in wrapping 32-bit arithmetic. With d = amax / 127 for the
- * block, x = d (q0 + q1 / 254 + q2 / 254^2) to within d / 2 / 254^3 (2^-24 of the block's
- * largest magnitude): q0 = rint(x / d), each next term the rounding of 254 times the rest, all in
- * [-127, 127]. A block's three integer dot products then combine exactly in one int32 (at most
- * 16 * 12 * 127 * (254^2 + 254 + 1) < 2^31, so the wrapped sum with the 128s and the correction
- * is that int32 exactly), and the scale is d / 254^2 / 2 (the weights are twice their E2M1
- * values). */
-#define FP4_XT 3
+ * corrections, -128 X for the block's X = sum of q0 254 + q1 (the weights come as 128 + w:
+ * fp4_u8), in wrapping 32-bit arithmetic. With d = amax / 127 for the block, x = d (q0 + q1 /
+ * 254) to within d / 2 / 254 (2^-16 of the block's largest magnitude): q0 = rint(x / d), q1 the
+ * rounding of 254 times the rest, both in [-127, 127]. A block's two integer dot products then
+ * combine exactly in one int32 (at most 16 * 12 * 127 * 255 < 2^31, so the wrapped sum with the
+ * 128s and the correction is that int32 exactly), and the scale is d / 254 / 2 (the weights are
+ * twice their E2M1 values). */
+#define FP4_XT 2
 #define FP4_XCH (FP4_XT * 32)
 #define FP4_XD 16 /* bytes of scales and corrections per chunk */
 #define FP4_R 254
@@ -162,34 +168,46 @@ __device__ __forceinline__ float fp4_max(float a, float b) {
     return d;
 }
 
-/* Stages the x row xr (K values, K % 64 == 0) for k_gemv_fp4 straight from registers: each
- * thread holds 4 consecutive values per pass (a quarter of a block), normalised as epi says
- * (k_gemv1's g1_stage, same formulas), and stores their three int8 terms; its block's 4 threads
+/* The loads of fp4_stage: this thread's 4 values a pass of the x row xr and, gated, of the gate
+ * (zeros past K), issued before the kernel queues the rest of its first weight stages, so that
+ * x's requests are not queued behind them. */
+__device__ __forceinline__ void fp4_x_load(const float *__restrict__ xr, int K, const g1_epi &epi,
+                                           float4 (&v)[FP4_XP], float4 (&z)[FP4_XP]) {
+    const int tid = threadIdx.x;
+    const bool vec = !(((uintptr_t)xr | (uintptr_t)epi.gate) & 15u);
+#pragma unroll
+    for (int p = 0; p < FP4_XP; p++) {
+        const int i = 4 * (tid + 256 * p);
+        v[p] = z[p] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (i < K) {
+            v[p] = cu_ld4(xr + i, vec);
+            if (epi.gate) z[p] = cu_ld4(epi.gate + i, vec);
+        }
+    }
+}
+
+/* Stages the x row (fp4_x_load's v and z: K values, K % 64 == 0) for k_gemv_fp4 from registers:
+ * each thread holds 4 consecutive values per pass (a quarter of a block), normalised as epi says
+ * (k_gemv1's g1_stage, same formulas), and stores their two int8 terms; its block's 4 threads
  * agree on the scale by two shuffles. Chunks K / 32 .. n_pad - 1 are zeros, so the last
  * super-step needs no bounds. nv: fp4_norm_load's. Returns the row's norm scale (1 without), to
  * multiply each output. Every thread calls it; it ends with a __syncthreads. */
-__device__ __forceinline__ float fp4_stage(const float *__restrict__ xr, int K, const g1_epi &epi,
-                                           char *xq, float *xd, int n_pad,
+__device__ __forceinline__ float fp4_stage(float4 (&v)[FP4_XP], const float4 (&z)[FP4_XP], int K,
+                                           const g1_epi &epi, char *xq, float *xd, int n_pad,
                                            const float4 (&nv)[FP4_XP]) {
     __shared__ double gsq[FP4_XP * 8]; /* squares per (pass, warp): 128 values, one group's part */
     __shared__ double ssw[8];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const bool vec = !(((uintptr_t)xr | (uintptr_t)epi.gate) & 15u);
-    float4 v[FP4_XP];
     double ss = 0.0;
 #pragma unroll
     for (int p = 0; p < FP4_XP; p++) {
         const int i = 4 * (tid + 256 * p);
-        float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (i < K) {
-            a = cu_ld4(xr + i, vec);
-            if (epi.gate) {
-                const float4 z = cu_ld4(epi.gate + i, vec);
-                a.x *= cu_silu_f(z.x);
-                a.y *= cu_silu_f(z.y);
-                a.z *= cu_silu_f(z.z);
-                a.w *= cu_silu_f(z.w);
-            }
+        float4 a = v[p];
+        if (i < K && epi.gate) {
+            a.x *= cu_silu_f(z[p].x);
+            a.y *= cu_silu_f(z[p].y);
+            a.z *= cu_silu_f(z[p].z);
+            a.w *= cu_silu_f(z[p].w);
         }
         v[p] = a;
         double q = (double)a.x * a.x;
@@ -235,11 +253,11 @@ __device__ __forceinline__ float fp4_stage(const float *__restrict__ xr, int K, 
         const float id = m > 0.0f && m <= 3.4028235e38f ? 127.0f / m : 0.0f;
         const float f[4] = {a.x * id, a.y * id, a.z * id, a.w * id};
         unsigned wq[FP4_XT] = {};
-        int X = 0; /* at most 16 * 127 * (254^2 + 254 + 1) in magnitude */
+        int X = 0; /* at most 16 * 127 * 255 in magnitude */
 #pragma unroll
         for (int j = 0; j < 4; j++) {
             float r = f[j];
-            int xj = 0; /* q0 254^2 + q1 254 + q2 */
+            int xj = 0; /* q0 254 + q1 */
 #pragma unroll
             for (int u = 0; u < FP4_XT; u++) {
                 const int q = __float2int_rn(r);
@@ -257,7 +275,7 @@ __device__ __forceinline__ float fp4_stage(const float *__restrict__ xr, int K, 
         for (int u = 0; u < FP4_XT; u++) *(unsigned *)(cq + 32 * u) = wq[u];
         if ((i & 15) == 0) {
             float *dc = xd + 4 * (i >> 5) + ((i >> 4) & 1);
-            dc[0] = m / 127.0f / (float)(2 * FP4_R * FP4_R);
+            dc[0] = m / 127.0f / (float)(2 * FP4_R);
             dc[2] = __uint_as_float(0u - 128u * (unsigned)X);
         }
     }
@@ -274,7 +292,7 @@ __global__ void __launch_bounds__(256, 2)
     k_gemv_fp4(cu_wexp dense, const cu_wexp *__restrict__ table, int n_w,
                const char *__restrict__ ids, int64_t ids_s, int k, const char *__restrict__ x,
                int64_t xs, int x_per_token, char *__restrict__ y, int64_t ys, int K, int N, int S,
-               int rows, int *flag, g1_epi epi) {
+               int rows, int *flag, int settled, g1_epi epi) {
     /* [FP4_RING] the warps' rings, then x's int8 terms (4 n_ss chunks of FP4_XCH bytes) and its
      * block scales and corrections (FP4_XD bytes a chunk): fp4_stage */
     extern __shared__ float4 g1_x[];
@@ -284,8 +302,12 @@ __global__ void __launch_bounds__(256, 2)
     int64_t xrow = 0;
     float4 nv[FP4_XP];
     fp4_norm_load(epi, K, nv);
-    if (table) cu_pdl_enter(); /* the ids come from the kernel before */
-    if (!g1_expert(table, n_w, ids, ids_s, k, x_per_token, rows, flag, &w, &xrow)) return;
+    /* weights may be asked for before the enter (invariant 7): dense ones always, an expert's
+     * once its id is read, which is before the enter only when the ids are settled (no kernel
+     * that may still run writes them: cu_gemv_fp4) */
+    const bool early = !table || settled;
+    if (!early) cu_pdl_enter(); /* the ids may come from the kernel before */
+    if (!g1_expert(table, n_w, ids, ids_s, k, x_per_token, rows, flag, &w, &xrow, early)) return;
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int G = 8 / S, gi = warp / S, si = warp - gi * S;
     const int n_tiles = (N + 15) / 16, nu = K / 32, n_ss = (nu + 3) / 4;
@@ -335,11 +357,21 @@ __global__ void __launch_bounds__(256, 2)
         }
         slot_i = slot_i == FP4_NST - 1 ? 0 : slot_i + 1;
     };
-    for (int j = 0; j < FP4_NST - 1 && per; j++) issue();
-    if (!table) cu_pdl_enter(); /* dense: the weights were on their way before (invariant 7) */
+    /* Early, the first stages are queued before the enter, so they arrive while the kernel
+     * before drains, and x's loads follow the enter. Otherwise x's loads go first: behind a
+     * block's first three stages (a gathered launch asks 7.3 MB at once) they waited, and
+     * issued first they took the MoE's products from 470.7 / 472.0 to 482.2 / 488.5 tok/s
+     * (whole-model decode on the H200, two rounds in one run). */
+    int j = 0;
+    for (; early && j < FP4_NST - 1 && per; j++) issue();
+    if (early) cu_pdl_enter();
+    float4 xv0[FP4_XP], zv0[FP4_XP];
+    fp4_x_load((const float *)(x + xrow * xs), K, epi, xv0, zv0);
+    asm volatile("" ::: "memory"); /* x's loads are issued before the stages below */
+    for (; j < FP4_NST - 1 && per; j++) issue();
     char *xq = (char *)g1_x + FP4_RING;
     float *xd = (float *)(xq + (size_t)4 * n_ss * FP4_XCH);
-    const float post = fp4_stage((const float *)(x + xrow * xs), K, epi, xq, xd, 4 * n_ss, nv);
+    const float post = fp4_stage(xv0, zv0, K, epi, xq, xd, 4 * n_ss, nv);
     const bool combine = g1_combines(table, epi);
     int slot = 0;
     for (int it = 0; it < n_iter; it++) {
@@ -423,6 +455,7 @@ __global__ void __launch_bounds__(256, 2)
 #define FP4_END 2
 #define FP4_END_COMBINE 4
 
+
 /* See cuda_impl.h: k_gemv_fp4 launched as launch_gemv1 launches k_gemv1 (S over 16-row tiles). */
 void cu_gemv_fp4(cu_ctx *c, const cu_wexp &dense, const cu_wexp *table, int n_w,
                  const cn_tensor *ids, int k, const cn_tensor *x, int x_per_token, cn_tensor *y,
@@ -454,11 +487,20 @@ void cu_gemv_fp4(cu_ctx *c, const cu_wexp &dense, const cu_wexp *table, int n_w,
         if (cost < best) best = cost, S = s;
     }
     const int64_t bx = (n_tiles + 8 / S - 1) / (8 / S);
+    /* Settled ids (invariant 7: the kernel just before declared writes that miss them), as a
+     * MoE's down product has after its up product: its experts' first weights are on their way
+     * while the up product drains, 489.1 / 489.4 -> 498.2 / 492.3 tok/s (whole-model decode on
+     * the H200, two rounds in one run). */
+    const int settled = table && cu_settled(c, ids->data, cu_extent(ids));
     const dim3 grid((unsigned)(bx > cap ? cap : bx), (unsigned)rows);
     cu_launch(c, k_gemv_fp4, grid, 256, (size_t)FP4_RING + (size_t)n_ss * 4 * (FP4_XCH + FP4_XD),
         dense, table, n_w, ids ? (const char *)ids->data : NULL, ids ? ids->stride[0] : 0, k,
         (const char *)x->data, x->stride[0], x_per_token, (char *)y->data, y->stride[0], (int)K,
-        (int)N, S, rows, c->flag_dev, epi);
+        (int)N, S, rows, c->flag_dev, settled, epi);
+    /* y, the ids' verdict, and combining, the partial rows and the counters */
+    cu_wrote(c, {{y->data, cu_extent(y)}, {c->flag_dev, sizeof(int)},
+                 {epi.prt, (size_t)rows * (size_t)N * sizeof(float)},
+                 {epi.cnt, CU_EP_COUNTERS * sizeof(int)}});
 }
 
 /* See cuda_impl.h. */

@@ -48,7 +48,13 @@
  *      or writes anything another kernel touches; the enter waits for the kernels before it to
  *      finish (their writes visible) and lets the next one start. Before it a kernel may only read
  *      weights (which no kernel writes): a dense decode GEMV's first weight chunks and every GEMV's
- *      norm weights are then on their way while the previous kernel drains.
+ *      norm weights are then on their way while the previous kernel drains. Since every kernel
+ *      enters in every block before it returns, and so lets the next start only once the ones
+ *      before it have finished, a kernel starting early overlaps only the one just before it
+ *      (copies between kernels are waited for whole): if that one declared what it writes
+ *      (cu_wrote), anything else is settled (cu_settled) and may be read before the enter too,
+ *      through L2 (__ldcg): a MoE's down product reads its ids so, a decode step's conv and scan
+ *      their states. Forks, joins and steps forget the declarations.
  *  (8) Lanes: `stream`, `blas` and the scratch buffer follow the current lane (a cuBLAS handle
  *      and a scratch buffer per lane: neither may serve two streams at once); a fork records ev_fork
  *      on the main stream and makes the side stream wait for it, a join records ev_join on the
@@ -64,6 +70,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
+
+#include <initializer_list>
+#include <utility>
 
 extern "C" {
 #include "base/error.h"
@@ -105,6 +114,14 @@ typedef struct cu_graph {
 #define CU_EP_COUNTERS 65536 /* tokens x output groups a combining epilogue may count */
 #define CU_ARGMAX_ROWS 256   /* rows one argmax call takes (cuda_elementwise.cu) */
 
+#define CU_WROTE_MAX 4
+/* The byte ranges a kernel writes, declared after its launch (cu_wrote); n = 0: undeclared. */
+typedef struct cu_wrote_t {
+    int n;
+    const char *p[CU_WROTE_MAX];
+    size_t len[CU_WROTE_MAX];
+} cu_wrote_t;
+
 typedef struct cu_ctx {
     cn_backend_iface iface; /* the table this backend answers with (fused ops per `fused`) */
     int device;
@@ -144,6 +161,8 @@ typedef struct cu_ctx {
                        * it at a time, on either lane: a layer routes once */
     struct cu_copy *copy; /* the copy stream and its fences (cuda_copy.cu); made at first use */
     int pdl;          /* invariant 7 */
+    cu_wrote_t wrote[2]; /* per lane: what the last kernel queued there writes (invariant 7) */
+    int settle;          /* read settled data early ($CAIRN_CUDA_SETTLED=0 at create: never) */
     /* lanes (backend.h; invariant 8) */
     cudaStream_t lanes[2]; /* main, side; `stream` is the current one */
     int use_lanes;         /* $CAIRN_CUDA_LANES=0 at create: forks run in order */
@@ -163,7 +182,7 @@ static inline cu_ctx *cu_ctx_of(cn_backend *b) {
 
 /* Queues kernel k on c->stream (invariant 7); the launch status is cu_launch_check's. */
 template <typename... P, typename... A>
-static inline void cu_launch(const cu_ctx *c, void (*k)(P...), dim3 grid, dim3 block, size_t smem,
+static inline void cu_launch(cu_ctx *c, void (*k)(P...), dim3 grid, dim3 block, size_t smem,
                              A... args) {
     cudaLaunchAttribute at;
     at.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -176,6 +195,44 @@ static inline void cu_launch(const cu_ctx *c, void (*k)(P...), dim3 grid, dim3 b
     cfg.attrs = &at;
     cfg.numAttrs = c->pdl ? 1 : 0;
     (void)cudaLaunchKernelEx(&cfg, k, args...); /* the error stays for cu_launch_check */
+    c->wrote[c->lane].n = 0; /* undeclared until cu_wrote says */
+}
+
+/* Declares, right after a cu_launch, the byte ranges [p, p + len) its kernel may write (at most
+ * CU_WROTE_MAX; a NULL p is skipped): invariant 7. */
+static inline void cu_wrote(cu_ctx *c, std::initializer_list<std::pair<const void *, size_t>> r) {
+    cu_wrote_t &w = c->wrote[c->lane];
+    w.n = 0;
+    if (r.size() > CU_WROTE_MAX) return; /* undeclared */
+    for (const auto &e : r) {
+        w.p[w.n] = (const char *)e.first;
+        w.len[w.n] = e.first ? e.second : 0;
+        w.n++;
+    }
+}
+
+/* Whether [p, p + len) is settled for the next kernel on the current lane: the last kernel queued
+ * there declared its writes and none of them overlaps (invariant 7). */
+static inline bool cu_settled(const cu_ctx *c, const void *p, size_t len) {
+    const cu_wrote_t &w = c->wrote[c->lane];
+    if (!c->settle || !w.n || !p) return false;
+    const char *a = (const char *)p;
+    for (int i = 0; i < w.n; i++)
+        if (w.len[i] && a < w.p[i] + w.len[i] && w.p[i] < a + len) return false;
+    return true;
+}
+
+/* The bytes from t->data its elements span (strides in bytes, none negative); SIZE_MAX less the
+ * address for a dtype without an element size (all of memory from there: never settled). */
+static inline size_t cu_extent(const cn_tensor *t) {
+    const size_t e = cn_dtype_size(t->dtype);
+    if (!e) return SIZE_MAX - (uintptr_t)t->data;
+    size_t end = e;
+    for (int d = 0; d < t->ndim; d++) {
+        if (t->shape[d] == 0) return 0;
+        end += (size_t)(t->shape[d] - 1) * (size_t)t->stride[d];
+    }
+    return end;
 }
 
 /* A kernel's entry into what other kernels touch (invariant 7): waits for the kernels queued
@@ -458,23 +515,28 @@ __host__ __device__ __forceinline__ bool g1_combines(const void *table, const g1
 /* A decode GEMV's row r = blockIdx.y: with an expert table, every block first checks all `rows`
  * ids (rows <= blockDim.x); on a bad one block (0,0) sets *flag and false comes back, and the
  * block must write nothing; else *w and *xrow become row r's expert and x row. Without a table
- * (dense) it returns true with both untouched. Every thread of the block calls it. */
+ * (dense) it returns true with both untouched. Every thread of the block calls it. early: called
+ * before cu_pdl_enter (the ids settled, cu_gemv_fp4): the ids are read through L2, and a bad
+ * one's flag is set after the enter (invariant 7). */
 __device__ __forceinline__ bool g1_expert(const cu_wexp *__restrict__ table, int n_w,
                                           const char *__restrict__ ids, int64_t ids_s, int k,
                                           int x_per_token, int rows, int *flag, cu_wexp *w,
-                                          int64_t *xrow) {
+                                          int64_t *xrow, bool early = false) {
     if (!table) return true;
     const int tid = threadIdx.x, r = (int)blockIdx.y;
     int bad = 0;
     if (tid < rows) {
-        const int e = ((const int32_t *)(ids + (int64_t)(tid / k) * ids_s))[tid % k];
+        const int32_t *p = (const int32_t *)(ids + (int64_t)(tid / k) * ids_s) + tid % k;
+        const int e = early ? __ldcg(p) : *p;
         bad = e < 0 || e >= n_w;
     }
     if (__syncthreads_or(bad)) {
+        if (early) cu_pdl_enter();
         if (tid == 0 && blockIdx.x == 0 && blockIdx.y == 0) *flag = 1;
         return false;
     }
-    *w = table[((const int32_t *)(ids + (int64_t)(r / k) * ids_s))[r % k]];
+    const int32_t *p = (const int32_t *)(ids + (int64_t)(r / k) * ids_s) + r % k;
+    *w = table[early ? __ldcg(p) : *p];
     *xrow = x_per_token ? r / k : r;
     return true;
 }

@@ -13,9 +13,11 @@
  * model's scan from 767 to 393 us a layer (prefill 13,634 -> 14,479 tok/s).
  * conv1d: each output is the same sum in the same order (bias, then k ascending) whatever the
  * launch, through cu_silu_f when asked (the silu op's formula, so that a decode token's conv and
- * activation are one launch); a few tokens walk time on one thread per channel, which also rolls
- * the state in place; more tokens take one thread per output, the state rolled by a second
- * launch after the first read it. Never writes outside y and state.
+ * activation are one launch); a few tokens (with K <= 4 taps) walk time on one thread per channel,
+ * which also rolls the state in place; more tokens take one thread per output, the state rolled
+ * by a second launch after the first read it. Never writes outside y and state.
+ * A decode step's conv and scan load their weights, and their states when settled (cuda_impl.h
+ * invariant 7: the conv after an NVFP4 in_proj, the scan after the conv), before their enter.
  */
 #include <math.h>
 
@@ -29,24 +31,43 @@
 #define CONV_IN(t) ((t) < 0 ? ((const float *)(state + (K - 1 + (t)) * ss))[c] \
                             : ((const float *)(x + (t) * xs))[c])
 
-/* Few tokens (decode, drafts): one thread per channel walks them in order and rolls the state in
- * place (row i + T >= i is read before it is overwritten), all in one launch. */
-__global__ void k_conv1d_seq(char *y, int64_t ys, const char *x, int64_t xs, const char *w, int64_t ws,
-                             const float *bias, int silu, char *state, int64_t ss, int64_t T,
-                             int64_t C, int64_t K) {
-    cu_pdl_enter();
+/* Few tokens (decode, drafts) and K taps: one thread per channel walks them in order with the
+ * last K - 1 inputs in registers and rolls the state, all in one launch. Its weights are loaded
+ * before the enter (invariant 7), and its state too when settled (`early`: the kernel before
+ * does not write it, cuda_impl.h invariant 7), so they are on their way while the kernel before
+ * drains; the sums run in the order of k_conv1d's. */
+template <int K>
+__global__ void k_conv1d_seq(char *y, int64_t ys, const char *x, int64_t xs, const char *w,
+                             int64_t ws, const float *bias, int silu, char *state, int64_t ss,
+                             int64_t T, int64_t C, int early) {
     const int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    const float *wr = (const float *)(w + c * ws);
+    const bool on = c < C;
+    float wk[K], win[K - 1], b = 0.0f;
+#pragma unroll
+    for (int k = 0; k < K; k++) wk[k] = on ? ((const float *)(w + c * ws))[k] : 0.0f;
+    if (on && bias) b = bias[c];
+#pragma unroll
+    for (int i = 0; i < K - 1; i++)
+        win[i] = on && early ? __ldcg((const float *)(state + i * ss) + c) : 0.0f;
+    cu_pdl_enter();
+    if (!on) return;
+    if (!early) {
+#pragma unroll
+        for (int i = 0; i < K - 1; i++) win[i] = ((const float *)(state + i * ss))[c];
+    }
     for (int64_t t = 0; t < T; t++) {
-        float acc = bias ? bias[c] : 0.0f;
-        for (int64_t k = 0; k < K; k++) acc += wr[k] * CONV_IN(t - K + 1 + k);
+        const float xt = ((const float *)(x + t * xs))[c];
+        float acc = b;
+#pragma unroll
+        for (int k = 0; k < K - 1; k++) acc += wk[k] * win[k];
+        acc += wk[K - 1] * xt;
         ((float *)(y + t * ys))[c] = silu ? cu_silu_f(acc) : acc;
+#pragma unroll
+        for (int i = 0; i < K - 2; i++) win[i] = win[i + 1];
+        win[K - 2] = xt;
     }
-    for (int64_t i = 0; i < K - 1; i++) {
-        const float v = CONV_IN(T - (K - 1) + i);
-        ((float *)(state + i * ss))[c] = v;
-    }
+#pragma unroll
+    for (int i = 0; i < K - 1; i++) ((float *)(state + i * ss))[c] = win[i];
 }
 
 /* Many tokens (prefill): one thread per output (t, c). The outputs are independent, so a piece
@@ -84,11 +105,18 @@ int cu_conv1d(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor *
     const int64_t T = x->shape[0], C = x->shape[1], K = w->shape[1];
     if (C == 0 || T == 0) return CN_OK;
     const unsigned cb = (unsigned)((C + 127) / 128);
-    if (T <= CONV_SEQ_MAX_T) {
-        cu_launch(c, k_conv1d_seq, cb, 128, 0,
-            (char *)y->data, y->stride[0], (const char *)x->data, x->stride[0], (const char *)w->data,
-            w->stride[0], bias ? (const float *)bias->data : NULL, silu, (char *)state->data,
-            state->stride[0], T, C, K);
+    void (*seq)(char *, int64_t, const char *, int64_t, const char *, int64_t, const float *, int,
+                char *, int64_t, int64_t, int64_t, int) = K == 2   ? k_conv1d_seq<2>
+                                                          : K == 3 ? k_conv1d_seq<3>
+                                                          : K == 4 ? k_conv1d_seq<4>
+                                                                   : NULL;
+    if (T <= CONV_SEQ_MAX_T && seq) {
+        const int early = cu_settled(c, state->data, cu_extent(state));
+        cu_launch(c, seq, cb, 128, 0, (char *)y->data, y->stride[0], (const char *)x->data,
+                  x->stride[0], (const char *)w->data, w->stride[0],
+                  bias ? (const float *)bias->data : NULL, silu, (char *)state->data,
+                  state->stride[0], T, C, early);
+        cu_wrote(c, {{y->data, cu_extent(y)}, {state->data, cu_extent(state)}});
         return cu_launch_check("conv1d");
     }
     for (int64_t t0 = 0; t0 < T; t0 += 65535) { /* grid.y is at most 65535 */
@@ -121,25 +149,34 @@ typedef struct scan_args {
     int H, P, G, N;
     float dt_min, dt_max;
     int vec4; /* B and C rows 16-byte aligned and N % 4 == 0: the chunked scan copies 4 floats at once */
+    int early; /* the state is settled (invariant 7): k_ssm_scan loads it before its enter */
 } scan_args;
 
 __device__ __forceinline__ float softplus_f(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
 
-/* One warp per (h, p): s[n] = s[n] dA + dt x B[n]; y = sum s[n] C[n] + D x, token by token. */
+/* One warp per (h, p): s[n] = s[n] dA + dt x B[n]; y = sum s[n] C[n] + D x, token by token. The
+ * head's weights, and the state row when settled (a.early), are loaded before the enter. */
 __global__ void __launch_bounds__(128) k_ssm_scan(scan_args a) {
-    cu_pdl_enter();
     const int lane = threadIdx.x & 31;
     const int64_t row = (int64_t)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    if (row >= (int64_t)a.H * a.P) return;
-    const int h = (int)(row / a.P), p = (int)(row % a.P);
+    const bool on = row < (int64_t)a.H * a.P;
+    const int h = on ? (int)(row / a.P) : 0, p = on ? (int)(row % a.P) : 0;
     const int g = h / (a.H / a.G);
-    const float A = -expf(a.A_log[h]), Dh = a.D[h], dtb = a.dt_bias[h];
+    const float A = on ? -expf(a.A_log[h]) : 0.0f, Dh = on ? a.D[h] : 0.0f;
+    const float dtb = on ? a.dt_bias[h] : 0.0f;
     float *S = (float *)(a.state + h * a.state_row) + (int64_t)p * a.N;
     float s[SSM_MAX_PER_LANE];
 #pragma unroll
     for (int i = 0; i < SSM_MAX_PER_LANE; i++) {
         const int n = lane + 32 * i;
-        s[i] = n < a.N ? S[n] : 0.0f;
+        s[i] = on && a.early && n < a.N ? __ldcg(S + n) : 0.0f;
+    }
+    cu_pdl_enter();
+    if (!on) return;
+#pragma unroll
+    for (int i = 0; i < SSM_MAX_PER_LANE; i++) {
+        const int n = lane + 32 * i;
+        if (!a.early) s[i] = n < a.N ? S[n] : 0.0f;
     }
     for (int64_t t = 0; t < a.T; t++) {
         float dtv = softplus_f(((const float *)(a.dt + t * a.dts))[h] + dtb);
@@ -345,6 +382,7 @@ int cu_ssm_scan(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor
     const int64_t rows = (int64_t)a->n_heads * a->head_dim;
     if (rows == 0) return CN_OK;
     scan_args s;
+    s.early = 0;
     s.y = (char *)y->data;
     s.ys = y->stride[0];
     s.x = (const char *)x->data;
@@ -375,6 +413,8 @@ int cu_ssm_scan(cn_backend *b, cn_tensor *y, const cn_tensor *x, const cn_tensor
         const int npl = (s.N + 31) / 32;
         return npl == 1 ? scan_chunked<1>(c, s) : npl == 2 ? scan_chunked<2>(c, s) : scan_chunked<4>(c, s);
     }
+    s.early = cu_settled(c, state->data, cu_extent(state));
     cu_launch(c, k_ssm_scan, (unsigned)((rows + 3) / 4), 128, 0, s);
+    cu_wrote(c, {{y->data, cu_extent(y)}, {state->data, cu_extent(state)}});
     return cu_launch_check("ssm_scan");
 }
