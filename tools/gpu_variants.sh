@@ -12,7 +12,9 @@
 # model; BENCH_ARGS for more; the preset is kept in /tmp/gv-WEIGHTS-LAYERS between runs)
 # KNOBS="NAME:VAR=VAL,VAR=VAL ..." (NAME not a number) also benches the sent binary under each
 # NAME's environment in every round (knobs an experiment reads with getenv: no build per
-# candidate; session 16 measured six that way in one run), and runs the op test under each.
+# candidate; session 16 measured six that way in one run), and runs the op test under each
+# (KNOB_TESTS=0: not; each takes about a minute on the H200). Lines report decode at context 0
+# and, when BENCH_ARGS gives a --context, decode_8k's context and tok/s.
 out=${1:?usage: gpu_variants.sh OUTDIR ROUNDS PATCH...}
 rounds=${2:?usage: gpu_variants.sh OUTDIR ROUNDS PATCH...}
 shift 2
@@ -63,7 +65,8 @@ while [ "$r" -le "$rounds" ]; do
         env $(knob "$v") timeout 300 "$(bin "$v")" bench --backend cuda --preset nano-shape $lflag \
             --weights "$w" --work-dir "/tmp/gv-$w-$layers" $BENCH_ARGS >"$f" 2>&1
         echo "$v $r: rc=$? prefill $(awk '/^prefill +[0-9]+ tokens/ {print $2 ": " $7}' "$f")" \
-            "decode $(awk '/^decode +[0-9]+ tokens at context +0:/ {print $7}' "$f") tok/s"
+            "decode $(awk '/^decode +[0-9]+ tokens at context +0:/ {print $7}' "$f") tok/s" \
+            "8k $(awk '/^decode_8k +[0-9]+ tokens at context/ {print $6 " " $7}' "$f")"
     done
     r=$((r + 1))
 done
@@ -72,6 +75,7 @@ mkdir -p build-cuda/tmp
     -R '^(tensor/test_cuda_ops|model/test_forward|engine/test_speculate)$') >"$out/test.log" 2>&1
 echo "tests (sent): rc=$?"
 grep -E "FAILED|PASSED|rel err|tests passed|Failed" "$out/test.log" | tail -12
+[ "${KNOB_TESTS:-1}" = 1 ] || KNOBS= # the op test takes about a minute a knob on the H200
 for k in $KNOBS; do # each knob's code path through the op test too
     (cd build-cuda && env $(knob "${k%%:*}") CAIRN_BACKEND=cuda ctest --output-on-failure -j 1 \
         -R '^tensor/test_cuda_ops$') >"$out/test_${k%%:*}.log" 2>&1
