@@ -23,7 +23,7 @@
  *    the launch), a tile's end counted as part of a super-step (FP4_END); a row's 4 lanes are
  *    summed by two shuffles in a fixed order.
  *  - Before cu_pdl_enter (cuda_impl.h invariant 7) a block loads its norm weights and, dense or
- *    with settled ids (those the kernel just before read after its own enter: a MoE's down
+ *    with settled ids (outside what the kernel just before declared it writes: a MoE's down
  *    product after its up product), queues its first weight stages: both are on their way while
  *    the kernel before drains. Gathered rows whose ids may still be written queue x's loads
  *    first, the weights' behind them.
@@ -169,8 +169,8 @@ __device__ __forceinline__ float fp4_max(float a, float b) {
 }
 
 /* The loads of fp4_stage: this thread's 4 values a pass of the x row xr and, gated, of the gate
- * (zeros past K), issued before the kernel queues the rest of its first weight stages, so that
- * x's requests are not queued behind them. */
+ * (zeros past K), issued right after the enter, so that a launch whose weights wait for the enter
+ * does not queue x's requests behind its first weight stages. */
 __device__ __forceinline__ void fp4_x_load(const float *__restrict__ xr, int K, const g1_epi &epi,
                                            float4 (&v)[FP4_XP], float4 (&z)[FP4_XP]) {
     const int tid = threadIdx.x;
