@@ -9,19 +9,23 @@
  * Many queries (T * Hq >= ATT_SPLIT_MAX_ITEMS, prefill) go to the tensor-core kernel of
  * cuda_attention_prefill.cu when their shapes fit it, else to this one.
  * Split-K for few queries (decode, a speculative verify: T * Hq < ATT_SPLIT_MAX_ITEMS, keys and
- * values of one dtype): the keys are cut in spans of ATT_SPLIT_KEYS (doubled while that makes
- * more than ATT_SPLIT_SPANS spans). One block per (query, kv head, span) stages the span's keys
- * and values in shared memory once for all the query heads of the GQA group (nano's 16 read the
- * cache once, not 16 times), writes each head's running max, sum and unnormalised accumulator to
- * scratch, and a second kernel merges the spans, one block per (query, head), its warps summing
- * interleaved spans. Short spans keep each block's chain of loads short and spread a long cache
- * over many blocks.
+ * values of one dtype, rows a multiple of 4 bytes): the keys are cut in chunks of ATT_CHUNK and
+ * the chunks in spans that differ by one chunk at most, as many spans as chunks rounded up to a
+ * power of two but no more than one wave of blocks fills the device (longer spans beyond). One
+ * block per (query, kv head, span) copies its chunks' keys and values into shared memory by
+ * cp.async, all its key groups' chunks in flight at once, for all the query heads of the GQA
+ * group (nano's 16 read the cache once, not 16 times); it combines its groups' running maxima,
+ * sums and accumulators and writes one row per head to scratch, and a second kernel merges the
+ * spans, one block per (query, head), after one round of loads. On the H200 at 8k of context
+ * session 17's kernels (256 spans of 64 keys half of them empty, the chunks' loads one after the
+ * other) took 14 us and 15 us (merge) per attention layer (tools/kprof.c).
  * Those calls always take this path, with a single span too, so a decode step's graph keeps its
  * kernels as the cache grows (only the grid and the scratch change, cuda_backend.cu).
- * Inside a positioned step n_past is read on the device and the spans are the bucket's (the next
- * power of two): the spans past the real length are empty and weigh 0 in the merge, so the result
- * is the same as with the exact count, and one graph serves every position of the bucket
- * (cuda_impl.h invariant 5).
+ * Inside a positioned step n_past is read on the device and the spans are the bucket's (the
+ * chunks' power of two, or the most spans): a span's chunks come from the real length, spans
+ * without chunks weigh 0 in the merge, and the call outside a step with the same length cuts the
+ * same spans, so the result is the same bit for bit and one graph serves every position of the
+ * bucket (cuda_impl.h invariant 5).
  */
 #include <math.h>
 
@@ -30,16 +34,15 @@
 #define ATT_WARPS 4
 #define ATT_MAX_DH 256
 #define ATT_PER_LANE (ATT_MAX_DH / 32)
-#define ATT_SPLIT_SPANS 256       /* spans of a split call, at most (longer spans beyond) */
+#define ATT_SPLIT_SPANS 256       /* spans of a split call, at most (a merge thread each) */
 #define ATT_SPLIT_MAX_ITEMS 2048  /* (query, head) pairs below which calls are split */
-#define ATT_CHUNK 32              /* keys a split block stages at a time: one per lane */
-#define ATT_SPLIT_KEYS ATT_CHUNK  /* keys per span of a split call, at least */
+#define ATT_CHUNK 32              /* keys a key group stages at a time: one per lane */
 #define ATT_HPW 4                 /* query heads per warp of a split block */
-#define ATT_GROUP_HEADS (ATT_WARPS * ATT_HPW) /* query heads per split block */
+#define ATT_GW 4                  /* warps of a split block's key group */
+#define ATT_GROUP_HEADS (ATT_GW * ATT_HPW) /* query heads per split block */
 #define ATT_MERGE_WARPS 8         /* warps of a merge block, each summing every 8th span */
-/* a positioned step's bucket (spans rounded up to a power of two) stays within the merge's
- * shared arrays of ATT_SPLIT_SPANS */
-static_assert((ATT_SPLIT_SPANS & (ATT_SPLIT_SPANS - 1)) == 0, "ATT_SPLIT_SPANS: a power of two");
+#define ATT_MERGE_ROWS 8          /* spans a merge warp loads before the max is known */
+static_assert(ATT_SPLIT_SPANS == ATT_MERGE_WARPS * 32, "a merge thread per span's max and sum");
 
 typedef struct att_args {
     char *out;
@@ -51,8 +54,7 @@ typedef struct att_args {
     float kscale, vscale, scale;
     int T, n_past, Hq, group, Dh;
     const int *pos; /* positioned step: n_past is *pos + n_past (cu_pos) */
-    int spans;   /* split: spans of span_keys keys (gridDim.y); 0 when not split */
-    int span_keys;
+    int spans;   /* split: spans (gridDim.y); 0 when not split */
     float *part; /* split: [T*Hq][spans][Dh + 2] accumulator, then max and sum */
 } att_args;
 
@@ -129,68 +131,117 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(att_args a) {
     }
 }
 
-/* Rows [s0, s0 + ATT_CHUNK) of a cache (F32, BF16, F16 or F8_E4M3: dt) at column offset col,
- * as f32 into tile[ATT_CHUNK][ld], zero past n_keys and past Dh (to Dh4). Warp w fills rows w,
- * w + ATT_WARPS, ...; the loads of a pass of rows are all issued before its first store. */
-template <int DT, int DPL>
-__device__ __forceinline__ void att_tile_load(float *tile, int ld, const char *base, int64_t rs,
-                                              int64_t col, int64_t s0, int64_t n_keys, int Dh,
-                                              int Dh4, int lane, int wid) {
-    constexpr int R = ATT_CHUNK / ATT_WARPS, RP = DPL > 4 ? R / 2 : R; /* rows per pass */
-#pragma unroll
-    for (int r0 = 0; r0 < R; r0 += RP) {
-        float v[RP][DPL];
-#pragma unroll
-        for (int r = 0; r < RP; r++) {
-            const int64_t s = s0 + wid + (r0 + r) * ATT_WARPS;
-            const char *row = base + s * rs;
-#pragma unroll
-            for (int i = 0; i < DPL; i++) {
-                const int d = lane + 32 * i;
-                v[r][i] = s < n_keys && d < Dh ? cu_wval<DT>(row, col + d) : 0.0f;
-            }
-        }
-#pragma unroll
-        for (int r = 0; r < RP; r++)
-#pragma unroll
-            for (int i = 0; i < DPL; i++) {
-                const int d = lane + 32 * i;
-                if (d < Dh4) tile[(wid + (r0 + r) * ATT_WARPS) * ld + d] = v[r][i];
-            }
-    }
+/* Split-K copy granule: the cp.async sizes a chunk's rows go in (cp.async.cg takes only 16). */
+template <int G>
+__device__ __forceinline__ void att_cp(unsigned dst, const char *src, int bytes) {
+    if (G == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(bytes));
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(G),
+                     "r"(bytes));
 }
 
+/* Four consecutive cache values of dtype DT at p (shared memory, 4-value aligned) as f32. */
+template <int DT> __device__ __forceinline__ float4 att_ld4(const char *p) {
+    if (DT == CN_F32) return *(const float4 *)p;
+    if (DT == CN_F8_E4M3) {
+        const unsigned u = *(const unsigned *)p;
+        return make_float4(cu_e4m3(u & 0xffu), cu_e4m3((u >> 8) & 0xffu), cu_e4m3((u >> 16) & 0xffu),
+                           cu_e4m3(u >> 24));
+    }
+    const uint2 u = *(const uint2 *)p;
+    if (DT == CN_BF16)
+        return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                           __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+    const float2 lo = __half22float2(*(const __half2 *)&u.x), hi = __half22float2(*(const __half2 *)&u.y);
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+
+/* The shared-memory layout of a split block (bytes): the batch's queries, then per key group its
+ * key tile (rows padded by 16 bytes, so the lanes' 16-byte reads of their own rows fall in
+ * different banks), value tile and per warp its heads' probabilities ([key][ATT_HPW]). After the
+ * keys the groups' tiles hold their (m, l, accumulator) rows for the block's combine. */
+struct att_smem_plan {
+    int kp, vp;       /* key and value tile row pitch, bytes */
+    int group_bytes;  /* a key group's tiles and probabilities */
+    int q_bytes;      /* [ATT_GROUP_HEADS][Dh4] f32 */
+};
+__host__ __device__ __forceinline__ att_smem_plan att_plan(int Dh4, int es) {
+    att_smem_plan p;
+    p.vp = (Dh4 * es + 15) & ~15;
+    p.kp = p.vp + 16;
+    p.group_bytes = ATT_CHUNK * (p.kp + p.vp) + ATT_GW * ATT_CHUNK * ATT_HPW * 4;
+    p.q_bytes = ATT_GROUP_HEADS * Dh4 * 4;
+    return p;
+}
+/* key groups a split block of DPL values per lane runs: its threads and shared memory */
+template <int DPL> __host__ __device__ constexpr int att_groups() { return DPL > 4 ? 2 : 4; }
+
 /* Split-K for few queries: one block per (query, kv head, batch of up to ATT_GROUP_HEADS of its
- * query heads, span). The block stages each chunk of ATT_CHUNK keys and values once in shared
- * memory as f32 and every query head of the batch reads it there, so a GQA group reads the cache
- * once instead of once per head. Keys and values share the dtype DT (a cache of mixed dtypes takes
- * k_attention). Warp w owns heads w*ATT_HPW.. of the batch: lane j scores key j
- * for each of them (the key tile padded to Dh4 + 1 floats a row, so the lanes' rows fall in
- * different banks), then the online softmax and the value rows as in k_attention. Writes each
- * head's running max, sum and unnormalised accumulator for k_attention_merge. */
-template <int DT, int DPL>
-__global__ void __launch_bounds__(ATT_WARPS * 32) k_attention_split(att_args a) {
-    cu_pdl_enter();
-    extern __shared__ float att_smem[];
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+ * query heads, span). A span is chunks [y*C/S, (y+1)*C/S) of the query's C = ceil(n/ATT_CHUNK)
+ * chunks of ATT_CHUNK keys (n read on the device inside a positioned step), so the spans of a
+ * call differ by one chunk at most whatever n is. The block's KG key groups of ATT_GW warps take
+ * its chunks in turn (group g: the span's chunks g, g + KG, ...), each staging its chunk's keys
+ * and values by cp.async into its own tiles (all groups' copies in flight at once) and keeping
+ * its own online softmax; warp w of a group owns heads w*ATT_HPW.. of the batch: lane j scores
+ * key j for each of them, then each lane adds the chunk's value rows into its 4 consecutive
+ * values per 128 (16-byte reads, the probabilities broadcast from shared memory). The groups'
+ * maxima, sums and accumulators are then combined in group order and written, one row per head,
+ * for k_attention_merge. G: the copy granule in bytes (16, 8 or 4: what the rows' size, strides
+ * and addresses allow). */
+template <int DT, int DPL, int G>
+__global__ void __launch_bounds__(att_groups<DPL>() * ATT_GW * 32, 1) k_attention_split(att_args a) {
+    constexpr int KG = att_groups<DPL>(), NT = KG * ATT_GW * 32, GT = ATT_GW * 32;
+    constexpr int es = DT == CN_F32 ? 4 : DT == CN_F8_E4M3 ? 1 : 2;
+    extern __shared__ __align__(16) char att_sm[];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, g = wid / ATT_GW, gw = wid % ATT_GW;
+    const int gt = threadIdx.x % GT; /* thread within its group */
     const int Dh = a.Dh, Dh4 = (Dh + 3) & ~3, Hkv = a.Hq / a.group;
+    const att_smem_plan pl = att_plan(Dh4, es);
     const int nbatch = (a.group + ATT_GROUP_HEADS - 1) / ATT_GROUP_HEADS;
     const int batch = blockIdx.x % nbatch, kvh = (blockIdx.x / nbatch) % Hkv;
     const int t = blockIdx.x / (nbatch * Hkv);
     const int hb = kvh * a.group + batch * ATT_GROUP_HEADS; /* the batch's first head */
     const int nh = min(ATT_GROUP_HEADS, a.group - batch * ATT_GROUP_HEADS);
-    float *qs = att_smem;                          /* [ATT_GROUP_HEADS][Dh4] */
-    float *ks = qs + ATT_GROUP_HEADS * Dh4;        /* [ATT_CHUNK][Dh4 + 1] */
-    float *vs = ks + ATT_CHUNK * (Dh4 + 1);        /* [ATT_CHUNK][Dh4] */
+    float *qs = (float *)att_sm;
+    char *kt = att_sm + pl.q_bytes + g * pl.group_bytes, *vt = kt + ATT_CHUNK * pl.kp;
+    float4 *pw = (float4 *)(vt + ATT_CHUNK * pl.vp) + gw * ATT_CHUNK;
+    const int rb = Dh * es; /* bytes of a row a chunk copies */
+    if (rb < Dh4 * es) /* the pad values of Dh4 no copy writes: zero, as the queries' are */
+        for (int i = threadIdx.x; i < KG * ATT_CHUNK * 2 * (Dh4 * es - rb); i += NT) {
+            const int per = Dh4 * es - rb, row = i / per, gg = row / (2 * ATT_CHUNK);
+            const int r = row % (2 * ATT_CHUNK);
+            char *base = att_sm + pl.q_bytes + gg * pl.group_bytes;
+            base += r < ATT_CHUNK ? r * pl.kp : ATT_CHUNK * pl.kp + (r - ATT_CHUNK) * pl.vp;
+            base[rb + i % per] = 0;
+        }
+    cu_pdl_enter();
+    const int64_t n_all = (int64_t)(a.pos ? *a.pos : 0) + a.n_past + t + 1;
+    const int64_t C = (n_all + ATT_CHUNK - 1) / ATT_CHUNK;
+    const int64_t c0 = blockIdx.y * C / a.spans, c1 = (blockIdx.y + 1) * C / a.spans;
+    const int64_t col = (int64_t)kvh * rb;
+    const int gpr = rb / G; /* granules a row */
+    const unsigned kt_s = (unsigned)__cvta_generic_to_shared(kt), vt_s = (unsigned)__cvta_generic_to_shared(vt);
+    auto stage = [&](int64_t c) { /* chunk c's rows into the group's tiles; zeros past n_all */
+        for (int i = gt; i < ATT_CHUNK * gpr; i += GT) {
+            const int r = i / gpr, o = (i % gpr) * G;
+            const int64_t s = c * ATT_CHUNK + r;
+            const int n = s < n_all ? G : 0; /* an empty copy reads nothing: row 0 stands in */
+            const int64_t sr = n ? s : 0;
+            att_cp<G>(kt_s + r * pl.kp + o, a.k + sr * a.ks + col + o, n);
+            att_cp<G>(vt_s + r * pl.vp + o, a.v + sr * a.vs + col + o, n);
+        }
+        asm volatile("cp.async.commit_group;\n" ::);
+    };
+    int64_t c = c0 + g;
+    if (c < c1) stage(c);
     const float *qr = (const float *)(a.q + (int64_t)t * a.qs) + (int64_t)hb * Dh;
-    for (int i = threadIdx.x; i < ATT_GROUP_HEADS * Dh4; i += ATT_WARPS * 32) {
+#pragma unroll 4
+    for (int i = threadIdx.x; i < ATT_GROUP_HEADS * Dh4; i += NT) {
         const int hh = i / Dh4, d = i % Dh4;
         qs[i] = hh < nh && d < Dh ? qr[hh * Dh + d] : 0.0f;
     }
-    const int64_t n_all = (int64_t)(a.pos ? *a.pos : 0) + a.n_past + t + 1;
-    const int64_t s_lo = (int64_t)blockIdx.y * a.span_keys;
-    const int64_t n_keys = s_lo + a.span_keys < n_all ? s_lo + a.span_keys : n_all;
-    const int64_t col = (int64_t)kvh * Dh;
+    __syncthreads();
     float acc[ATT_HPW][DPL], m[ATT_HPW], l[ATT_HPW];
 #pragma unroll
     for (int hh = 0; hh < ATT_HPW; hh++) {
@@ -199,121 +250,175 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention_split(att_args a) 
 #pragma unroll
         for (int i = 0; i < DPL; i++) acc[hh][i] = 0.0f;
     }
-    const float *qw = qs + wid * ATT_HPW * Dh4;
-    for (int64_t s0 = s_lo; s0 < n_keys; s0 += ATT_CHUNK) {
-        __syncthreads(); /* the previous chunk's tiles are read */
-        att_tile_load<DT, DPL>(ks, Dh4 + 1, a.k, a.ks, col, s0, n_keys, Dh, Dh4, lane, wid);
-        att_tile_load<DT, DPL>(vs, Dh4, a.v, a.vs, col, s0, n_keys, Dh, Dh4, lane, wid);
-        __syncthreads();
+    const float *qw = qs + gw * ATT_HPW * Dh4;
+    const float sscale = a.kscale * a.scale;
+    for (; c < c1; c += KG) {
+        asm volatile("cp.async.wait_all;\n" ::);
+        asm volatile("bar.sync %0, %1;\n" ::"r"(1 + g), "n"(GT) : "memory"); /* the chunk landed */
         float dot[ATT_HPW];
 #pragma unroll
         for (int hh = 0; hh < ATT_HPW; hh++) dot[hh] = 0.0f;
-        const float *kr = ks + lane * (Dh4 + 1);
-#pragma unroll 2
+        const char *kr = kt + lane * pl.kp;
+#pragma unroll 4
         for (int d = 0; d < Dh4; d += 4) {
-            const float k0 = kr[d], k1 = kr[d + 1], k2 = kr[d + 2], k3 = kr[d + 3];
+            const float4 k4 = att_ld4<DT>(kr + d * es);
 #pragma unroll
             for (int hh = 0; hh < ATT_HPW; hh++) {
                 const float4 q4 = *(const float4 *)(qw + hh * Dh4 + d);
-                dot[hh] = fmaf(q4.x, k0, fmaf(q4.y, k1, fmaf(q4.z, k2, fmaf(q4.w, k3, dot[hh]))));
+                dot[hh] = fmaf(q4.w, k4.w, fmaf(q4.z, k4.z, fmaf(q4.y, k4.y, fmaf(q4.x, k4.x, dot[hh]))));
             }
         }
-        const int64_t s = s0 + lane;
-        const int nk = n_keys - s0 < ATT_CHUNK ? (int)(n_keys - s0) : ATT_CHUNK;
+        const int64_t s = c * ATT_CHUNK + lane;
+        const int nk = n_all - c * ATT_CHUNK < ATT_CHUNK ? (int)(n_all - c * ATT_CHUNK) : ATT_CHUNK;
         float p[ATT_HPW];
 #pragma unroll
         for (int hh = 0; hh < ATT_HPW; hh++) {
-            const float sc = s < n_keys ? dot[hh] * a.kscale * a.scale : -INFINITY;
+            const float sc = s < n_all ? dot[hh] * sscale : -INFINITY;
             const float mn = fmaxf(m[hh], cu_warp_max(sc)); /* finite: lane 0's key exists */
-            const float corr = expf(m[hh] - mn);            /* 0 on the first chunk */
-            p[hh] = s < n_keys ? expf(sc - mn) : 0.0f;
+            const float corr = expf(m[hh] - mn);            /* 0 on the group's first chunk */
+            p[hh] = s < n_all ? expf(sc - mn) : 0.0f;
             l[hh] = l[hh] * corr + cu_warp_sum(p[hh]);
 #pragma unroll
             for (int i = 0; i < DPL; i++) acc[hh][i] *= corr;
             m[hh] = mn;
         }
+        pw[lane] = make_float4(p[0] * a.vscale, p[1] * a.vscale, p[2] * a.vscale, p[3] * a.vscale);
+        __syncwarp();
 #pragma unroll 4
         for (int j = 0; j < nk; j++) {
-            const float *vr = vs + j * Dh4;
-            float vv[DPL];
+            const float4 pj = pw[j];
+            const char *vr = vt + j * pl.vp;
 #pragma unroll
-            for (int i = 0; i < DPL; i++) vv[i] = lane + 32 * i < Dh4 ? vr[lane + 32 * i] : 0.0f;
+            for (int i = 0; i < DPL / 4; i++) {
+                const int d = 4 * lane + 128 * i;
+                const float4 v = d < Dh4 ? att_ld4<DT>(vr + d * es) : make_float4(0, 0, 0, 0);
+                const float pv[ATT_HPW] = {pj.x, pj.y, pj.z, pj.w};
 #pragma unroll
-            for (int hh = 0; hh < ATT_HPW; hh++) {
-                const float pj = __shfl_sync(0xffffffffu, p[hh], j) * a.vscale;
-#pragma unroll
-                for (int i = 0; i < DPL; i++) acc[hh][i] = fmaf(pj, vv[i], acc[hh][i]);
+                for (int hh = 0; hh < ATT_HPW; hh++) {
+                    acc[hh][4 * i] = fmaf(pv[hh], v.x, acc[hh][4 * i]);
+                    acc[hh][4 * i + 1] = fmaf(pv[hh], v.y, acc[hh][4 * i + 1]);
+                    acc[hh][4 * i + 2] = fmaf(pv[hh], v.z, acc[hh][4 * i + 2]);
+                    acc[hh][4 * i + 3] = fmaf(pv[hh], v.w, acc[hh][4 * i + 3]);
+                }
             }
         }
+        asm volatile("bar.sync %0, %1;\n" ::"r"(1 + g), "n"(GT) : "memory"); /* tiles read */
+        if (c + KG < c1) stage(c + KG);
     }
+    /* the combine: group g's rows [ATT_GROUP_HEADS][Dh4 + 4] (m and l at Dh4, Dh4 + 1) over its
+     * own tiles, then every thread sums (head, value) pairs over the groups in group order */
+    __syncthreads();
+    const int cp = Dh4 + 4;
+    float *cb = (float *)(att_sm + pl.q_bytes), *mine = (float *)kt;
 #pragma unroll
-    for (int hh = 0; hh < ATT_HPW; hh++) { /* m = -inf and l = 0 for an empty span */
-        const int hl = wid * ATT_HPW + hh;
-        if (hl >= nh) break;
-        const int64_t item = (int64_t)t * a.Hq + hb + hl;
-        float *pr = a.part + (item * a.spans + blockIdx.y) * (int64_t)(Dh + 2);
+    for (int hh = 0; hh < ATT_HPW; hh++) {
+        float *row = mine + (gw * ATT_HPW + hh) * cp;
 #pragma unroll
-        for (int i = 0; i < DPL; i++) {
-            const int d = lane + 32 * i;
-            if (d < Dh) pr[d] = acc[hh][i];
+        for (int i = 0; i < DPL / 4; i++) {
+            const int d = 4 * lane + 128 * i;
+            if (d < Dh4)
+                *(float4 *)(row + d) = make_float4(acc[hh][4 * i], acc[hh][4 * i + 1], acc[hh][4 * i + 2],
+                                                   acc[hh][4 * i + 3]);
         }
         if (lane == 0) {
-            pr[Dh] = m[hh];
-            pr[Dh + 1] = l[hh];
+            row[Dh4] = m[hh];
+            row[Dh4 + 1] = l[hh];
+        }
+    }
+    __syncthreads();
+    const int gstride = pl.group_bytes / 4; /* floats from one group's rows to the next's */
+    for (int i = threadIdx.x; i < nh * (Dh + 1); i += NT) {
+        const int hh = i / (Dh + 1), d = i % (Dh + 1); /* d == Dh: the head's m and l */
+        float M = -INFINITY;
+#pragma unroll
+        for (int gg = 0; gg < KG; gg++) M = fmaxf(M, cb[gg * gstride + hh * cp + Dh4]);
+        float v = 0.0f, L = 0.0f;
+#pragma unroll
+        for (int gg = 0; gg < KG; gg++) {
+            const float *row = cb + gg * gstride + hh * cp;
+            const float w = row[Dh4 + 1] != 0.0f ? expf(row[Dh4] - M) : 0.0f; /* 0: no chunk */
+            if (d < Dh) v = fmaf(row[d], w, v);
+            else L = fmaf(row[Dh4 + 1], w, L);
+        }
+        const int64_t item = (int64_t)t * a.Hq + hb + hh;
+        float *pr = a.part + (item * a.spans + blockIdx.y) * (int64_t)(Dh + 2);
+        if (d < Dh) pr[d] = v;
+        else {
+            pr[Dh] = M; /* -inf and 0 for an empty span */
+            pr[Dh + 1] = L;
         }
     }
 }
 
 /* Merges the spans of one (query, head) per block: the online softmax's rescaling applied across
- * spans. Span 0 always holds key 0, so the overall max is finite. Each span's weight exp(m - M)
- * is computed once into shared memory; then warp w sums the accumulator rows of spans w,
- * w + ATT_MERGE_WARPS, ..., whose loads depend on nothing loaded and so stream, and the warps'
+ * spans. Every span's max and sum are read at once (a thread a span), and each warp's accumulator
+ * rows (spans w, w + ATT_MERGE_WARPS, ..., ATT_MERGE_ROWS of them at a time) are loaded before the
+ * overall max is known, so the block waits on one round of loads for up to ATT_MERGE_WARPS *
+ * ATT_MERGE_ROWS spans; each weight exp(m - M) is computed once into shared memory and the warps'
  * sums are added in warp order. An empty span has weight 0 and a zero accumulator. */
+template <int DPL>
 __global__ void __launch_bounds__(ATT_MERGE_WARPS * 32) k_attention_merge(att_args a) {
-    cu_pdl_enter();
-    __shared__ float wsh[ATT_SPLIT_SPANS], lw[ATT_SPLIT_SPANS];
-    __shared__ float red[ATT_MERGE_WARPS][ATT_MAX_DH + 1];
+    __shared__ float wsh[ATT_SPLIT_SPANS], lw[ATT_SPLIT_SPANS], wmax[ATT_MERGE_WARPS];
+    __shared__ float red[ATT_MERGE_WARPS][DPL * 32 + 1];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const int64_t item = blockIdx.x; /* t * Hq + h */
-    const int t = (int)(item / a.Hq), h = (int)(item % a.Hq), Dh = a.Dh;
+    const int t = (int)(item / a.Hq), h = (int)(item % a.Hq), Dh = a.Dh, S = a.spans;
     const int64_t rs = Dh + 2;
-    const float *base = a.part + item * a.spans * rs;
-    float M = -INFINITY;
-    for (int sp = lane; sp < a.spans; sp += 32) M = fmaxf(M, base[sp * rs + Dh]);
-    M = cu_warp_max(M); /* every warp finds the same max */
-    for (int sp = threadIdx.x; sp < a.spans; sp += ATT_MERGE_WARPS * 32) {
-        const float l = base[sp * rs + Dh + 1], w = l != 0.0f ? expf(base[sp * rs + Dh] - M) : 0.0f;
-        wsh[sp] = w;
-        lw[sp] = l * w;
+    cu_pdl_enter();
+    const float *base = a.part + item * S * rs;
+    const int sp0 = threadIdx.x;
+    const float m0 = sp0 < S ? base[sp0 * rs + Dh] : -INFINITY, l0 = sp0 < S ? base[sp0 * rs + Dh + 1] : 0.0f;
+    float r[ATT_MERGE_ROWS][DPL];
+#pragma unroll
+    for (int j = 0; j < ATT_MERGE_ROWS; j++) {
+        const int sp = wid + j * ATT_MERGE_WARPS;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) {
+            const int d = lane + 32 * i;
+            r[j][i] = sp < S && d < Dh ? base[sp * rs + d] : 0.0f;
+        }
+    }
+    const float wm = cu_warp_max(m0);
+    if (lane == 0) wmax[wid] = wm;
+    __syncthreads();
+    float M = wmax[0];
+#pragma unroll
+    for (int w = 1; w < ATT_MERGE_WARPS; w++) M = fmaxf(M, wmax[w]);
+    if (sp0 < S) {
+        const float w = l0 != 0.0f ? expf(m0 - M) : 0.0f;
+        wsh[sp0] = w;
+        lw[sp0] = l0 * w;
     }
     __syncthreads();
-    float acc[ATT_PER_LANE];
+    float acc[DPL];
 #pragma unroll
-    for (int i = 0; i < ATT_PER_LANE; i++) acc[i] = 0.0f;
-#pragma unroll 4
-    for (int sp = wid; sp < a.spans; sp += ATT_MERGE_WARPS) {
+    for (int i = 0; i < DPL; i++) acc[i] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < ATT_MERGE_ROWS; j++) {
+        const int sp = wid + j * ATT_MERGE_WARPS;
+        const float w = sp < S ? wsh[sp] : 0.0f;
+#pragma unroll
+        for (int i = 0; i < DPL; i++) acc[i] = fmaf(r[j][i], w, acc[i]);
+    }
+    for (int sp = wid + ATT_MERGE_ROWS * ATT_MERGE_WARPS; sp < S; sp += ATT_MERGE_WARPS) {
         const float w = wsh[sp];
-        const float *pr = base + sp * rs;
 #pragma unroll
-        for (int i = 0; i < ATT_PER_LANE; i++) {
+        for (int i = 0; i < DPL; i++) {
             const int d = lane + 32 * i;
-            if (d < Dh) acc[i] = fmaf(pr[d], w, acc[i]);
+            if (d < Dh) acc[i] = fmaf(base[sp * rs + d], w, acc[i]);
         }
     }
 #pragma unroll
-    for (int i = 0; i < ATT_PER_LANE; i++) {
-        const int d = lane + 32 * i;
-        if (d < Dh) red[wid][d] = acc[i];
-    }
+    for (int i = 0; i < DPL; i++) red[wid][lane + 32 * i] = acc[i];
     if (wid == 0) { /* the sum of weights: lane j adds spans j, j + 32, ..., then a fixed tree */
         float L = 0.0f;
-        for (int sp = lane; sp < a.spans; sp += 32) L += lw[sp];
+        for (int sp = lane; sp < S; sp += 32) L += lw[sp];
         L = cu_warp_sum(L);
-        if (lane == 0) red[0][ATT_MAX_DH] = L;
+        if (lane == 0) red[0][DPL * 32] = L;
     }
     __syncthreads();
     if (wid) return;
-    const float inv = 1.0f / red[0][ATT_MAX_DH];
+    const float inv = 1.0f / red[0][DPL * 32];
     float *orow = (float *)(a.out + (int64_t)t * a.os) + (int64_t)h * Dh;
     for (int d = lane; d < Dh; d += 32) {
         float v = 0.0f;
@@ -336,37 +441,53 @@ static int launch_v(cu_ctx *c, const att_args &a, cn_dtype vd, unsigned blocks) 
     return cu_launch_check("attention");
 }
 
-/* The split kernel of dtype DT for heads of Dh4 values: 4 or 8 of them per lane. */
-template <int DT> static void (*split_kernel(int Dh4))(att_args) {
-    return Dh4 <= 128 ? k_attention_split<DT, 4> : k_attention_split<DT, 8>;
+/* The copy granule of a split call's rows (att_args k, v, ks, vs; rows of rb bytes): 16 or 4
+ * bytes, or 0 when even 4 does not divide them (then the call is not split). */
+static int att_granule(const att_args &a, int64_t rb) {
+    for (int G = 16; G >= 4; G -= 12)
+        if (rb % G == 0 && a.ks % G == 0 && a.vs % G == 0 && (uintptr_t)a.k % G == 0 &&
+            (uintptr_t)a.v % G == 0)
+            return G;
+    return 0;
 }
 
-/* The split kernel for the cache's dtype and a.Dh, its shared memory raised past the 48 KiB
- * default where it needs more, then the merge. */
-static int launch_split(cu_ctx *c, const att_args &a, cn_dtype dt) {
+/* The split kernel for dtype DT, Dh4 and granule G, its shared memory raised past the 48 KiB
+ * default; returns its shared bytes and threads through *smem and *threads. */
+template <int DT>
+static void (*split_kernel(int Dh4, int G, size_t *smem, int *threads))(att_args) {
+    const int es = DT == CN_F32 ? 4 : DT == CN_F8_E4M3 ? 1 : 2;
+    const att_smem_plan pl = att_plan(Dh4, es);
+    const bool wide = Dh4 > 128;
+    const int kg = wide ? att_groups<8>() : att_groups<4>();
+    *smem = (size_t)pl.q_bytes + (size_t)kg * (size_t)pl.group_bytes;
+    *threads = kg * ATT_GW * 32;
+    if (wide) return G == 16 ? k_attention_split<DT, 8, 16> : k_attention_split<DT, 8, 4>;
+    return G == 16 ? k_attention_split<DT, 4, 16> : k_attention_split<DT, 4, 4>;
+}
+
+/* The split kernel for the cache's dtype, then the merge. */
+static int launch_split(cu_ctx *c, const att_args &a, cn_dtype dt, int G) {
     const int Dh4 = (a.Dh + 3) & ~3, Hkv = a.Hq / a.group;
     const int nbatch = (a.group + ATT_GROUP_HEADS - 1) / ATT_GROUP_HEADS;
-    const size_t smem =
-        (size_t)(ATT_GROUP_HEADS * Dh4 + ATT_CHUNK * (Dh4 + 1) + ATT_CHUNK * Dh4) * sizeof(float);
     const dim3 grid((unsigned)(a.T * Hkv * nbatch), (unsigned)a.spans);
     void (*k)(att_args) = NULL;
+    size_t smem = 0;
+    int threads = 0;
     switch (dt) {
-    case CN_F32: k = split_kernel<CN_F32>(Dh4); break;
-    case CN_BF16: k = split_kernel<CN_BF16>(Dh4); break;
-    case CN_F16: k = split_kernel<CN_F16>(Dh4); break;
-    case CN_F8_E4M3: k = split_kernel<CN_F8_E4M3>(Dh4); break;
+    case CN_F32: k = split_kernel<CN_F32>(Dh4, G, &smem, &threads); break;
+    case CN_BF16: k = split_kernel<CN_BF16>(Dh4, G, &smem, &threads); break;
+    case CN_F16: k = split_kernel<CN_F16>(Dh4, G, &smem, &threads); break;
+    case CN_F8_E4M3: k = split_kernel<CN_F8_E4M3>(Dh4, G, &smem, &threads); break;
     default: return CN_EUNSUPPORTED;
     }
-    if (smem > 48 * 1024) {
-        const int rc = cu_check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                     (int)smem),
-                                "attention shared memory");
-        if (rc) return rc;
-    }
-    cu_launch(c, k, grid, ATT_WARPS * 32, smem, a);
-    int rc = cu_launch_check("attention");
+    int rc = cu_check(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
+                      "attention shared memory");
     if (rc) return rc;
-    cu_launch(c, k_attention_merge, (unsigned)(a.T * a.Hq), ATT_MERGE_WARPS * 32, 0, a);
+    cu_launch(c, k, grid, threads, smem, a);
+    rc = cu_launch_check("attention");
+    if (rc) return rc;
+    void (*mk)(att_args) = a.Dh > 128 ? k_attention_merge<8> : k_attention_merge<4>;
+    cu_launch(c, mk, (unsigned)(a.T * a.Hq), ATT_MERGE_WARPS * 32, 0, a);
     return cu_launch_check("attention merge");
 }
 
@@ -399,25 +520,28 @@ int cu_attention(cn_backend *b, cn_tensor *out, const cn_tensor *q, const cn_ten
     a.group = n_heads / n_kv_heads;
     a.Dh = (int)Dh;
     a.spans = 0;
-    a.span_keys = 0;
     a.part = NULL;
-    if (T * n_heads < ATT_SPLIT_MAX_ITEMS && kc->dtype == vc->dtype) {
-        int64_t keys = ATT_SPLIT_KEYS;
-        while (((int64_t)n_past + T + keys - 1) / keys > ATT_SPLIT_SPANS) keys *= 2;
-        int64_t spans = ((int64_t)n_past + T + keys - 1) / keys;
-        if (a.pos) { /* the bucket, and the highest position it serves */
-            int64_t p2 = 1;
-            while (p2 < spans) p2 *= 2;
-            spans = p2;
-            const int64_t top = spans * keys - T - a.n_past;
+    const int64_t rb = Dh * (int64_t)cn_dtype_size(kc->dtype);
+    const int G = att_granule(a, rb);
+    if (T * n_heads < ATT_SPLIT_MAX_ITEMS && kc->dtype == vc->dtype && G) {
+        /* spans: the chunks' count rounded up to a power of two, at most the blocks that fill
+         * the device once (all of them in one wave); past that the spans lengthen instead */
+        const int nbatch = (a.group + ATT_GROUP_HEADS - 1) / ATT_GROUP_HEADS;
+        int64_t smax = c->n_sm / (T * n_kv_heads * nbatch);
+        smax = smax < 1 ? 1 : smax > ATT_SPLIT_SPANS ? ATT_SPLIT_SPANS : smax;
+        const int64_t chunks = ((int64_t)n_past + T + ATT_CHUNK - 1) / ATT_CHUNK;
+        int64_t spans = 1;
+        while (spans < chunks && spans < smax) spans *= 2;
+        if (spans > smax) spans = smax;
+        if (a.pos && spans < smax) { /* the bucket's highest position: its chunks fill it */
+            const int64_t top = spans * ATT_CHUNK - T - a.n_past;
             if (top < c->pos_max) c->pos_max = top;
         }
-        a.spans = (int)spans; /* <= ATT_SPLIT_SPANS, the bucket too */
-        a.span_keys = (int)keys;
+        a.spans = (int)spans;
         a.part = (float *)cu_scratch(c, (size_t)(T * n_heads * spans * (Dh + 2)) * sizeof(float));
         if (!a.part) return CN_ENOMEM;
+        return launch_split(c, a, kc->dtype, G);
     }
-    if (a.spans) return launch_split(c, a, kc->dtype);
     const unsigned blocks = (unsigned)((T * n_heads + ATT_WARPS - 1) / ATT_WARPS);
     switch (kc->dtype) {
     case CN_F32: return launch_v<CN_F32>(c, a, vc->dtype, blocks);

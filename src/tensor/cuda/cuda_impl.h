@@ -31,9 +31,10 @@
  *      queues one 4-byte copy of it into `par_dev` before the step (outside any capture); its
  *      position arguments reach the kernels as `par_dev` plus the recorded delta (cu_pos), in
  *      the eager path too, so replayed and eager steps run the same kernels on the same values.
- *      Attention's split-K grid is then sized for a bucket (the span count rounded up to a
- *      power of two, spans past the real length empty and weighing 0 in the merge, so sums are
- *      unchanged), and the capture records the highest position its grid serves (`pos_max`).
+ *      Attention's split-K grid is then sized for a bucket (the chunk count rounded up to a
+ *      power of two, or the most spans; each span's chunks come from the real length on the
+ *      device, as the call outside a step with that length cuts them, so sums are unchanged),
+ *      and the capture records the highest position its grid serves (`pos_max`).
  *      A slot replays (cudaGraphLaunch, no capture, no update) when key and tag match, the pos
  *      fits pos_max and `epoch` is unchanged since its capture: the epoch grows whenever device
  *      memory a graph may point to is freed or moved (scratch regrown, a tensor released).
