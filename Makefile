@@ -1,11 +1,12 @@
 # Thin wrapper over CMake: `make` builds build/cairn, `make test` runs every test plainly and
 # under AddressSanitizer + UndefinedBehaviorSanitizer (never the GPU tests), `make test-cuda` builds
-# build-cuda with the CUDA backend and runs the GPU tests on a machine that has one,
+# build-cuda with the CUDA backend and runs the GPU tests on a machine that has one (`make
+# memcheck-cuda`: under compute-sanitizer),
 # `make run` serves the default model (models/cobble, committed; MODEL=DIR for another).
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 MODEL ?= models/cobble
 
-.PHONY: all build asan cuda test test-plain test-asan test-cuda run clean
+.PHONY: all build asan cuda test test-plain test-asan test-cuda memcheck-cuda run clean
 
 all: build
 
@@ -42,6 +43,14 @@ test-cuda: cuda
 	  -R '^(tensor/test_cuda_ops|model/test_forward|cache/|engine/test_speculate|cli/test_cli)'
 	cd build-cuda && CAIRN_BACKEND=cuda CAIRN_CUDA_GRAPHS=0 ctest --output-on-failure -j 1 \
 	  -R '^(tensor/test_cuda_ops|model/test_forward)$$'
+
+# On the GPU: compute-sanitizer's memcheck over the CUDA op test, the forward and speculation on
+# the CUDA backend, stopping at the first test with an error (the op test takes about a minute).
+memcheck-cuda: cuda
+	@mkdir -p build-cuda/tmp
+	for t in tensor_test_cuda_ops model_test_forward engine_test_speculate; do \
+	  CAIRN_BACKEND=cuda CAIRN_BIN=build-cuda/cairn CAIRN_TMP=build-cuda/tmp CAIRN_DATA=tests/data \
+	  compute-sanitizer --tool memcheck --error-exitcode 9 build-cuda/$$t || exit 1; done
 
 # models/tiny is not committed: a synthetic one is made when asked for (make run MODEL=models/tiny).
 models/tiny/config.json: | build

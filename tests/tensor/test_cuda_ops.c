@@ -1581,5 +1581,9 @@ int main(void) {
         cmocka_unit_test(test_step),        cmocka_unit_test(test_step_attention),
         cmocka_unit_test(test_step_replay),
     };
+    /* $CAIRN_TEST_FILTER (a cmocka pattern, e.g. "*attention*"): only the tests it names, so a
+     * slow tool (compute-sanitizer) can take the suite a part at a time */
+    const char *filter = getenv("CAIRN_TEST_FILTER");
+    if (filter && *filter) cmocka_set_test_filter(filter);
     return cmocka_run_group_tests(tests, setup, teardown);
 }
