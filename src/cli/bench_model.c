@@ -68,6 +68,10 @@
  *                          twice as slow as the rest; two runs whose bursts gave 1.05 and 1.07
  *                          had median tokens 0.995 and 1.003 apart (a third: 0.781 and 0.849).
  *                          A diagnostic beside the burst figures, which keep their formulas.
+ *   runs.decode.median_token_tok_s, runs.decode_8k.median_token_tok_s = 1 / each side's
+ *                          median token seconds (also on the text lines): the rate between the
+ *                          one-time costs a burst pays (a device backend captures its step graph
+ *                          again on each side's first token, and on a new attention bucket).
  *   prefill_gops         = 2 * P * prefill_tok_s / 1e9, P the matrix parameters a prefill token
  *                          passes through (active params less the embedding and lm_head, which
  *                          prefill runs for the last position only). Attention's score/value
@@ -300,6 +304,7 @@ typedef struct run {
     double bw_before, bw_after; /* GB/s */
     double bw;            /* their mean */
     int reliable;
+    double tok_s_median;  /* the decode pair's sides: 1 / the median token's seconds (else 0) */
 } run;
 
 typedef struct bench {
@@ -489,6 +494,8 @@ static int measure_decode_pair(bench *B, cn_state *s0, int ctx, int gen, int bt,
         d->over_start_cpu = cpu[1] > 0 ? cpu[0] / cpu[1] : 0;
         double m0 = median(tsec, gen), m1 = median(tsec + gen, gen);
         d->over_start_token = m1 > 0 ? m0 / m1 : 0;
+        side[0]->tok_s_median = m0 > 0 ? 1 / m0 : 0;
+        side[1]->tok_s_median = m1 > 0 ? 1 / m1 : 0;
         double ts = 0, tc = 0; /* the same tokens each side */
         for (int k = 0; k < d->bursts; k++) ts += sec[2 * k], tc += sec[2 * k + 1];
         for (int i = 0; i < 2; i++) {
@@ -683,6 +690,7 @@ static cJSON *run_json(const run *r) {
     cJSON_AddNumberToObject(o, "probe_before_gbs", r->bw_before);
     cJSON_AddNumberToObject(o, "probe_after_gbs", r->bw_after);
     cJSON_AddBoolToObject(o, "reliable", r->reliable);
+    if (r->tok_s_median > 0) cJSON_AddNumberToObject(o, "median_token_tok_s", r->tok_s_median);
     return o;
 }
 
@@ -1053,10 +1061,13 @@ int cn_bench_model(int argc, char **argv) {
         if (B.device)
             printf("host link    %.1f GB/s to the device, %.1f GB/s back (pinned, 256 MiB copies)\n", lim.h2d_gbs,
                    lim.d2h_gbs);
-        for (int i = 0; i < 4; i++)
-            printf("%-12s %6d tokens at context %5d: %9.2f tok/s  cpu share %.2f  probes %.1f / %.1f GB/s%s\n",
+        for (int i = 0; i < 4; i++) {
+            printf("%-12s %6d tokens at context %5d: %9.2f tok/s  cpu share %.2f  probes %.1f / %.1f GB/s%s",
                    all[i]->name, all[i]->tokens, all[i]->ctx0, all[i]->tok_s, all[i]->cpu_share,
                    all[i]->bw_before, all[i]->bw_after, all[i]->reliable ? "" : "  UNRELIABLE");
+            if (all[i]->tok_s_median > 0) printf("  median token %.2f tok/s", all[i]->tok_s_median);
+            printf("\n");
+        }
         if (B.device)
             printf("%-12s %6d tokens at context %5d: %9.2f tok/s  (steps launched op by op; graphs %.2fx)\n",
                    reager.name, reager.tokens, reager.ctx0, reager.tok_s,

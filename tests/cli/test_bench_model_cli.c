@@ -62,6 +62,9 @@ static void check_keys(const cJSON *j) {
         assert_true(cJSON_GetObjectItemCaseSensitive(r, "probe_before_gbs")->valuedouble > 0);
         assert_true(cJSON_GetObjectItemCaseSensitive(r, "probe_after_gbs")->valuedouble > 0);
         assert_true(cJSON_IsBool(cJSON_GetObjectItemCaseSensitive(r, "reliable")));
+        const cJSON *med = cJSON_GetObjectItemCaseSensitive(r, "median_token_tok_s");
+        if (i < 2) assert_null(med); /* prefills: no per-token times */
+        else assert_true(cJSON_IsNumber(med) && med->valuedouble > 0);
     }
     assert_true(cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(j, "unreliable")));
     /* the two decode runs took turns: 5 tokens in bursts of 2, 2 and 1, each pair judged */
