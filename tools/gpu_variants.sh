@@ -14,7 +14,7 @@
 # NAME's environment in every round (knobs an experiment reads with getenv: no build per
 # candidate; session 16 measured six that way in one run), and runs the op test under each
 # (KNOB_TESTS=0: not; each takes about a minute on the H200). Lines report decode at context 0
-# and, when BENCH_ARGS gives a --context, decode_8k's context and tok/s.
+# and, when BENCH_ARGS gives a --context, decode_8k's context and tok/s, each with its median token's.
 out=${1:?usage: gpu_variants.sh OUTDIR ROUNDS PATCH...}
 rounds=${2:?usage: gpu_variants.sh OUTDIR ROUNDS PATCH...}
 shift 2
@@ -65,8 +65,8 @@ while [ "$r" -le "$rounds" ]; do
         env $(knob "$v") timeout 300 "$(bin "$v")" bench --backend cuda --preset nano-shape $lflag \
             --weights "$w" --work-dir "/tmp/gv-$w-$layers" $BENCH_ARGS >"$f" 2>&1
         echo "$v $r: rc=$? prefill $(awk '/^prefill +[0-9]+ tokens/ {print $2 ": " $7}' "$f")" \
-            "decode $(awk '/^decode +[0-9]+ tokens at context +0:/ {print $7}' "$f") tok/s" \
-            "8k $(awk '/^decode_8k +[0-9]+ tokens at context/ {print $6 " " $7}' "$f")"
+            "decode $(awk '/^decode +[0-9]+ tokens at context +0:/ {print $7 " (median " $(NF - 1) ")"}' "$f") tok/s" \
+            "8k $(awk '/^decode_8k +[0-9]+ tokens at context/ {print $6 " " $7 " (median " $(NF - 1) ")"}' "$f")"
     done
     r=$((r + 1))
 done
