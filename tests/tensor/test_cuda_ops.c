@@ -567,6 +567,12 @@ static void test_attention(void **st) {
     check_attention(CN_BF16, 40, 2, 64, 700, 3);
     check_attention(CN_F32, 4, 2, 256, 100, 2);
     check_attention(CN_F32, 6, 3, 42, 90, 1);
+    /* blocks of more chunks than key groups (few spans: many queries share the device), so a
+     * group refills its tiles: 8 chunks a block of four groups, 7-8 a block of two (head_dim
+     * 256) */
+    check_attention(CN_F32, 8, 2, 128, 1000, 16);
+    check_attention(CN_F32, 4, 2, 256, 2000, 8);
+    check_attention(CN_BF16, 8, 2, 64, 1500, 12);
     /* prefill on tensor cores (head_dim 64 / 128): several query tiles, a last one partly past T,
      * key tiles partly past a tile's last query, GQA groups */
     check_attention(CN_F32, 32, 2, 128, 300, 100);
