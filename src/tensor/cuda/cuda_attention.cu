@@ -44,6 +44,12 @@
 #define ATT_MERGE_WARPS 8         /* warps of a merge block, each summing every 8th span */
 #define ATT_MERGE_ROWS 8          /* spans a merge warp loads before the max is known */
 static_assert(ATT_SPLIT_SPANS == ATT_MERGE_WARPS * 32, "a merge thread per span's max and sum");
+static_assert(ATT_HPW == 4, "a warp's probabilities of one key are one float4");
+
+/* Bytes of one cache value of dtype DT (F32, BF16, F16 or F8_E4M3). */
+template <int DT> __host__ __device__ constexpr int att_esize() {
+    return DT == CN_F32 ? 4 : DT == CN_F8_E4M3 ? 1 : 2;
+}
 
 typedef struct att_args {
     char *out;
@@ -80,8 +86,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(att_args a) {
     for (int i = 0; i < ATT_PER_LANE; i++) acc[i] = 0.0f;
     float m = -INFINITY, l = 0.0f;
     const int64_t n_keys = (int64_t)(a.pos ? *a.pos : 0) + a.n_past + t + 1;
-    const int64_t koff = (int64_t)kvh * Dh * (KD == CN_F32 ? 4 : KD == CN_F8_E4M3 ? 1 : 2);
-    const int64_t voff = (int64_t)kvh * Dh * (VD == CN_F32 ? 4 : VD == CN_F8_E4M3 ? 1 : 2);
+    const int64_t koff = (int64_t)kvh * Dh * att_esize<KD>();
+    const int64_t voff = (int64_t)kvh * Dh * att_esize<VD>();
     float qv[ATT_PER_LANE];
 #pragma unroll
     for (int i = 0; i < ATT_PER_LANE; i++) qv[i] = lane + 32 * i < Dh ? qsh[wid][lane + 32 * i] : 0.0f;
@@ -132,7 +138,8 @@ __global__ void __launch_bounds__(ATT_WARPS * 32) k_attention(att_args a) {
     }
 }
 
-/* Split-K copy granule: the cp.async sizes a chunk's rows go in (cp.async.cg takes only 16). */
+/* One granule of G bytes from global src to shared dst by cp.async (bytes 0: zeros, nothing
+ * read); 16-byte granules bypass L1 (cp.async.cg takes only 16). */
 template <int G>
 __device__ __forceinline__ void att_cp(unsigned dst, const char *src, int bytes) {
     if (G == 16)
@@ -188,12 +195,12 @@ template <int DPL> __host__ __device__ constexpr int att_groups() { return DPL >
  * key j for each of them, then each lane adds the chunk's value rows into its 4 consecutive
  * values per 128 (16-byte reads, the probabilities broadcast from shared memory). The groups'
  * maxima, sums and accumulators are then combined in group order and written, one row per head,
- * for k_attention_merge. G: the copy granule in bytes (16, 8 or 4: what the rows' size, strides
- * and addresses allow). */
+ * for k_attention_merge. G: the copy granule in bytes (16 or 4: what the rows' size, strides
+ * and addresses allow, att_granule). */
 template <int DT, int DPL, int G>
 __global__ void __launch_bounds__(att_groups<DPL>() * ATT_GW * 32, 1) k_attention_split(att_args a) {
     constexpr int KG = att_groups<DPL>(), NT = KG * ATT_GW * 32, GT = ATT_GW * 32;
-    constexpr int es = DT == CN_F32 ? 4 : DT == CN_F8_E4M3 ? 1 : 2;
+    constexpr int es = att_esize<DT>();
     extern __shared__ __align__(16) char att_sm[];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, g = wid / ATT_GW, gw = wid % ATT_GW;
     const int gt = threadIdx.x % GT; /* thread within its group */
@@ -456,8 +463,7 @@ static int att_granule(const att_args &a, int64_t rb) {
  * default; returns its shared bytes and threads through *smem and *threads. */
 template <int DT>
 static void (*split_kernel(int Dh4, int G, size_t *smem, int *threads))(att_args) {
-    const int es = DT == CN_F32 ? 4 : DT == CN_F8_E4M3 ? 1 : 2;
-    const att_smem_plan pl = att_plan(Dh4, es);
+    const att_smem_plan pl = att_plan(Dh4, att_esize<DT>());
     const bool wide = Dh4 > 128;
     const int kg = wide ? att_groups<8>() : att_groups<4>();
     *smem = (size_t)pl.q_bytes + (size_t)kg * (size_t)pl.group_bytes;
