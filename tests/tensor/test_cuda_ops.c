@@ -1380,6 +1380,57 @@ static void test_step(void **st) {
     for (int e = 0; e < NW; e++) pw_free(&ws[e]);
 }
 
+/* Steps of one key whose graphs differ in shape: as many nodes, of other types in another order
+ * (a copy, then an activation; then the activation, then the copy), and a strided copy (a 2D
+ * memcpy node, which no update may change). Each graph of another shape, and each holding a 2D
+ * copy, is instantiated; the same 1D shape again is updated; no update is attempted that fails
+ * (compute-sanitizer reports each failure as an API error); every step gives the eager results
+ * bit for bit. */
+static void shape_ops(cn_backend *b, cn_tensor *y, cn_tensor *z, const cn_tensor *a, int copy_first) {
+    if (copy_first) assert_int_equal(cn_backend_copy(b, y, a), 0);
+    assert_int_equal(cn_op_relu2(b, z, a), 0);
+    if (!copy_first) assert_int_equal(cn_backend_copy(b, y, a), 0);
+}
+
+static void test_step_shape(void **st) {
+    (void)st;
+    const char *genv = getenv("CAIRN_CUDA_GRAPHS");
+    const int graphs = !(genv && !strcmp(genv, "0"));
+    pv a = pv_make(3, 64, 0, -2.0f, 2.0f), ap = pv_make(3, 64, 4, -2.0f, 2.0f); /* ap: strided */
+    pv y = pv_make(3, 64, 0, 0, 0), z = pv_make(3, 64, 0, 0, 0);
+    pv ye = pv_make(3, 64, 0, 0, 0), ze = pv_make(3, 64, 0, 0, 0);
+    static const int cases[][2] = {{1, 0}, {0, 0}, {0, 0}, {0, 1}, {0, 1}}; /* copy_first, strided */
+    cn_cuda_stats s0, s1;
+    assert_int_equal(cn_cuda_backend_stats(g_cu, &s0), 0);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const cn_tensor *src = cases[i][1] ? &ap.g : &a.g;
+        shape_ops(g_cu, &ye.g, &ze.g, src, cases[i][0]);
+        float *yref = get(g_cu, &ye.g), *zref = get(g_cu, &ze.g);
+        assert_int_equal(cn_backend_step_begin(g_cu, 11), 0);
+        shape_ops(g_cu, &y.g, &z.g, src, cases[i][0]);
+        assert_int_equal(cn_backend_step_end(g_cu, 1), 0);
+        float *yg = get(g_cu, &y.g), *zg = get(g_cu, &z.g);
+        assert_memory_equal(yg, yref, 3 * 64 * sizeof(float));
+        assert_memory_equal(zg, zref, 3 * 64 * sizeof(float));
+        free(yg);
+        free(zg);
+        free(yref);
+        free(zref);
+    }
+    assert_int_equal(cn_cuda_backend_stats(g_cu, &s1), 0);
+    if (graphs) {
+        assert_int_equal(s1.instantiated - s0.instantiated, 4);
+        assert_int_equal(s1.updated - s0.updated, 1);
+    }
+    assert_int_equal(s1.update_failed - s0.update_failed, 0);
+    pv_free(&a);
+    pv_free(&ap);
+    pv_free(&y);
+    pv_free(&z);
+    pv_free(&ye);
+    pv_free(&ze);
+}
+
 /* y1 = W1 x on the side lane beside y2 = W2 x on the main one, then y3 = y1 + y2 after the join
  * (backend.h lanes): the CPU's in-order result, eagerly and inside a step (which ends joined even
  * when the fork is left open), bit for bit the same both ways; the refusals. */
@@ -1585,7 +1636,7 @@ int main(void) {
         cmocka_unit_test(test_route_ep),
         cmocka_unit_test(test_lanes),
         cmocka_unit_test(test_step),        cmocka_unit_test(test_step_attention),
-        cmocka_unit_test(test_step_replay),
+        cmocka_unit_test(test_step_replay), cmocka_unit_test(test_step_shape),
     };
     /* $CAIRN_TEST_FILTER (a cmocka pattern, e.g. "*attention*"): only the tests it names, so a
      * slow tool (compute-sanitizer) can take the suite a part at a time */

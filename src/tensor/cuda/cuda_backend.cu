@@ -100,8 +100,10 @@ static void cu_free(cn_backend *b) {
     cu_copy_free(c); /* after the ops: a queued free of a snapshot buffer may wait on them */
     free_retired(c);
     free(c->retired);
-    for (int i = 0; i < CU_GRAPH_SLOTS; i++)
+    for (int i = 0; i < CU_GRAPH_SLOTS; i++) {
         if (c->slots[i].exec) cudaGraphExecDestroy(c->slots[i].exec);
+        free(c->slots[i].shape);
+    }
     for (int i = 0; i < c->n_weights; i++) cudaFree(c->weights[i]);
     for (int i = 0; i < c->n_tabs; i++) {
         cudaFree(c->tabs[i].dev);
@@ -199,8 +201,14 @@ static int cu_copy(cn_backend *b, cn_tensor *dst, const cn_tensor *src) {
     if (dst->dtype == src->dtype) {
         size_t esz = cn_dtype_size(dst->dtype);
         if (esz == 0) return CN_EUNSUPPORTED;
+        const size_t rb = (size_t)C * esz;
+        /* contiguous rows as one 1D copy: a graph update may change a 1D copy, never a 2D one */
+        if (R == 1 || ((size_t)dst->stride[0] == rb && (size_t)src->stride[0] == rb))
+            return cu_check(cudaMemcpyAsync(dst->data, src->data, (size_t)R * rb,
+                                            cudaMemcpyDeviceToDevice, c->stream),
+                            "copy");
         return cu_check(cudaMemcpy2DAsync(dst->data, (size_t)dst->stride[0], src->data,
-                                          (size_t)src->stride[0], (size_t)C * esz, (size_t)R,
+                                          (size_t)src->stride[0], rb, (size_t)R,
                                           cudaMemcpyDeviceToDevice, c->stream),
                         "copy");
     }
@@ -340,34 +348,107 @@ static cu_graph *graph_slot(cu_ctx *c, int key) {
     return lru;
 }
 
-/* Runs a captured step: the slot's graph updated in place when the topology is the same (only
- * kernel arguments changed: cache rows, positions, scratch), else instantiated anew. */
+/* A graph's shape as cudaGraphExecUpdate judges it: the node count, each node's type (and a copy
+ * node's direction and whether it is 1D) and every edge with its type, nodes named by their index
+ * in cudaGraphGetNodes's order. Graphs of one shape differ only in what an update takes (kernel
+ * arguments, addresses), unless they hold a 2D or 3D copy, which no update may change: then
+ * *updatable is 0. An update that fails is an API error compute-sanitizer reports, so a slot
+ * attempts none it can tell will fail. *out is malloc'd. */
+static int graph_shape(cudaGraph_t g, uint32_t **out, size_t *n_out, int *updatable) {
+    size_t n = 0, m = 0;
+    int rc = cu_check(cudaGraphGetNodes(g, NULL, &n), "step nodes");
+    if (!rc) rc = cu_check(cudaGraphGetEdges(g, NULL, NULL, NULL, &m), "step edges");
+    if (rc) return rc;
+    cudaGraphNode_t *nodes = (cudaGraphNode_t *)malloc((n + 2 * m + 1) * sizeof *nodes);
+    cudaGraphEdgeData *data = (cudaGraphEdgeData *)malloc((m + 1) * sizeof *data);
+    uint32_t *sh = (uint32_t *)malloc((2 + n + 4 * m) * sizeof *sh);
+    if (!nodes || !data || !sh) {
+        free(nodes), free(data), free(sh);
+        return CN_ENOMEM;
+    }
+    cudaGraphNode_t *from = nodes + n, *to = from + m;
+    rc = cu_check(cudaGraphGetNodes(g, nodes, &n), "step nodes");
+    if (!rc) rc = cu_check(cudaGraphGetEdges(g, from, to, data, &m), "step edges");
+    size_t k = 0;
+    *updatable = 1;
+    sh[k++] = (uint32_t)n;
+    sh[k++] = (uint32_t)m;
+    for (size_t i = 0; i < n && !rc; i++) {
+        cudaGraphNodeType t;
+        rc = cu_check(cudaGraphNodeGetType(nodes[i], &t), "step node type");
+        uint32_t v = (uint32_t)t;
+        if (!rc && t == cudaGraphNodeTypeMemcpy) {
+            cudaMemcpy3DParms p;
+            rc = cu_check(cudaGraphMemcpyNodeGetParams(nodes[i], &p), "step copy node");
+            const int flat = p.extent.height <= 1 && p.extent.depth <= 1;
+            v |= (uint32_t)p.kind << 8 | (uint32_t)!flat << 16;
+            if (!flat) *updatable = 0;
+        }
+        sh[k++] = v;
+    }
+    /* a node's index: its handle's place in nodes[] (a graph's edges are few hundred; the
+     * search is linear in n per edge, n*m at most ~10^6 compares on a capture, never a replay) */
+    for (size_t e = 0; e < m && !rc; e++) {
+        size_t a = n, b = n;
+        for (size_t i = 0; i < n && (a == n || b == n); i++) {
+            if (nodes[i] == from[e]) a = i;
+            if (nodes[i] == to[e]) b = i;
+        }
+        sh[k++] = (uint32_t)a;
+        sh[k++] = (uint32_t)b;
+        sh[k++] = (uint32_t)data[e].type;
+        sh[k++] = (uint32_t)data[e].from_port | (uint32_t)data[e].to_port << 8;
+    }
+    free(nodes);
+    free(data);
+    if (rc) {
+        free(sh);
+        return rc;
+    }
+    *out = sh;
+    *n_out = k;
+    return CN_OK;
+}
+
+/* Runs a captured step: the slot's graph updated in place when the shape is the same and
+ * updatable (only kernel arguments and 1D copies' addresses changed: cache rows, positions,
+ * scratch), else instantiated anew. */
 static int launch_graph(cu_ctx *c, cudaGraph_t g) {
     cu_graph *s = graph_slot(c, c->step_key);
-    size_t n_nodes = 0;
-    int rc = cu_check(cudaGraphGetNodes(g, NULL, &n_nodes), "step nodes");
+    uint32_t *shape = NULL;
+    size_t n_shape = 0;
+    int updatable = 0;
+    int rc = graph_shape(g, &shape, &n_shape, &updatable);
     if (rc) return rc;
-    if (s->exec && s->n_nodes != n_nodes) { /* another topology: no update to attempt */
-        cudaGraphExecDestroy(s->exec);
+    if (s->exec && (!updatable || s->n_shape != n_shape ||
+                    memcmp(s->shape, shape, n_shape * sizeof *shape))) {
+        cudaGraphExecDestroy(s->exec); /* no update to attempt */
         s->exec = NULL;
     }
     if (s->exec) {
         cudaGraphExecUpdateResultInfo info;
         if (cudaGraphExecUpdate(s->exec, g, &info) == cudaSuccess) {
             c->stats.updated++;
-        } else {
-            (void)cudaGetLastError(); /* not sticky: a topology change, instantiate below */
+        } else { /* a difference graph_shape missed: instantiate below, and say which */
+            (void)cudaGetLastError();
+            cudaGraphNodeType t = cudaGraphNodeTypeCount;
+            if (info.errorNode) (void)cudaGraphNodeGetType(info.errorNode, &t);
+            cn_debug("cuda: step graph update failed (result %d, node type %d); instantiating",
+                     (int)info.result, (int)t);
+            c->stats.update_failed++;
             cudaGraphExecDestroy(s->exec);
             s->exec = NULL;
         }
     }
+    free(s->shape);
+    s->shape = shape;
+    s->n_shape = n_shape;
     if (!s->exec) {
         rc = cu_check(cudaGraphInstantiate(&s->exec, g, 0), "step instantiate");
         if (rc) {
             s->exec = NULL;
             return rc;
         }
-        s->n_nodes = n_nodes;
         c->stats.instantiated++;
     }
     s->last_use = c->stats.steps;

@@ -30,8 +30,10 @@ cn_backend *cn_cuda_backend_create(int device, cn_err *err);
 /* What the steps of a CUDA backend did since creation. */
 typedef struct cn_cuda_stats {
     uint64_t steps;        /* step_end with run = 1 */
-    uint64_t instantiated; /* graphs instantiated (first step of a key, or a changed topology) */
-    uint64_t updated;      /* graphs updated in place (same topology, new parameters) */
+    uint64_t instantiated; /* graphs instantiated (first step of a key, or a changed shape) */
+    uint64_t updated;      /* graphs updated in place (same shape, new parameters) */
+    uint64_t update_failed; /* updates the driver refused though the shapes matched (then
+                             * instantiated): 0 unless the shape test misses a constraint */
     uint64_t discarded;    /* steps ended with run = 0 */
     uint64_t replayed;     /* positioned steps launched from their graph without a capture */
 } cn_cuda_stats;

@@ -103,7 +103,8 @@ typedef struct cu_wexp {
 typedef struct cu_graph {
     int key;
     cudaGraphExec_t exec; /* NULL when the slot is free */
-    size_t n_nodes;       /* of the graph it was instantiated from: another count, no update */
+    uint32_t *shape;      /* of the graph it was instantiated from (graph_shape): another, no update */
+    size_t n_shape;
     uint64_t last_use;    /* step counter, to reuse the least recently used slot */
     int replayable;       /* captured as a positioned step (invariant 5) */
     uint64_t tag;         /* its tag */
