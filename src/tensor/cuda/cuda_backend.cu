@@ -348,6 +348,25 @@ static cu_graph *graph_slot(cu_ctx *c, int key) {
     return lru;
 }
 
+/* A graph node and its index in cudaGraphGetNodes's order, sorted by handle (graph_shape). */
+typedef struct node_at {
+    cudaGraphNode_t node;
+    uint32_t index;
+} node_at;
+
+static int node_at_cmp(const void *x, const void *y) {
+    const uintptr_t a = (uintptr_t)((const node_at *)x)->node;
+    const uintptr_t b = (uintptr_t)((const node_at *)y)->node;
+    return a < b ? -1 : a > b;
+}
+
+/* The index of node v in the sorted by[n] (n if absent: never for an edge of the graph). */
+static uint32_t node_index(const node_at *by, size_t n, cudaGraphNode_t v) {
+    const node_at key = {v, 0};
+    const node_at *f = (const node_at *)bsearch(&key, by, n, sizeof *by, node_at_cmp);
+    return f ? f->index : (uint32_t)n;
+}
+
 /* A graph's shape as cudaGraphExecUpdate judges it: the node count, each node's type (and a copy
  * node's direction and whether it is 1D) and every edge with its type, nodes named by their index
  * in cudaGraphGetNodes's order. Graphs of one shape differ only in what an update takes (kernel
@@ -361,9 +380,10 @@ static int graph_shape(cudaGraph_t g, uint32_t **out, size_t *n_out, int *updata
     if (rc) return rc;
     cudaGraphNode_t *nodes = (cudaGraphNode_t *)malloc((n + 2 * m + 1) * sizeof *nodes);
     cudaGraphEdgeData *data = (cudaGraphEdgeData *)malloc((m + 1) * sizeof *data);
+    node_at *by = (node_at *)malloc((n + 1) * sizeof *by);
     uint32_t *sh = (uint32_t *)malloc((2 + n + 4 * m) * sizeof *sh);
-    if (!nodes || !data || !sh) {
-        free(nodes), free(data), free(sh);
+    if (!nodes || !data || !by || !sh) {
+        free(nodes), free(data), free(by), free(sh);
         return CN_ENOMEM;
     }
     cudaGraphNode_t *from = nodes + n, *to = from + m;
@@ -378,29 +398,26 @@ static int graph_shape(cudaGraph_t g, uint32_t **out, size_t *n_out, int *updata
         rc = cu_check(cudaGraphNodeGetType(nodes[i], &t), "step node type");
         uint32_t v = (uint32_t)t;
         if (!rc && t == cudaGraphNodeTypeMemcpy) {
-            cudaMemcpy3DParms p;
+            cudaMemcpy3DParms p = {};
             rc = cu_check(cudaGraphMemcpyNodeGetParams(nodes[i], &p), "step copy node");
             const int flat = p.extent.height <= 1 && p.extent.depth <= 1;
             v |= (uint32_t)p.kind << 8 | (uint32_t)!flat << 16;
             if (!flat) *updatable = 0;
         }
         sh[k++] = v;
+        by[i].node = nodes[i];
+        by[i].index = (uint32_t)i;
     }
-    /* a node's index: its handle's place in nodes[] (a graph's edges are few hundred; the
-     * search is linear in n per edge, n*m at most ~10^6 compares on a capture, never a replay) */
+    if (!rc) qsort(by, n, sizeof *by, node_at_cmp); /* edges name nodes by handle */
     for (size_t e = 0; e < m && !rc; e++) {
-        size_t a = n, b = n;
-        for (size_t i = 0; i < n && (a == n || b == n); i++) {
-            if (nodes[i] == from[e]) a = i;
-            if (nodes[i] == to[e]) b = i;
-        }
-        sh[k++] = (uint32_t)a;
-        sh[k++] = (uint32_t)b;
+        sh[k++] = node_index(by, n, from[e]);
+        sh[k++] = node_index(by, n, to[e]);
         sh[k++] = (uint32_t)data[e].type;
         sh[k++] = (uint32_t)data[e].from_port | (uint32_t)data[e].to_port << 8;
     }
     free(nodes);
     free(data);
+    free(by);
     if (rc) {
         free(sh);
         return rc;
