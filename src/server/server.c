@@ -93,20 +93,20 @@ static void reader_free(void *cls) {
 }
 
 static enum MHD_Result send_json(struct MHD_Connection *c, int status, cJSON *body,
-                                 int retry_after, int head) {
+                                 int retry_after) {
     char *s = body ? cJSON_PrintUnformatted(body) : NULL;
     cJSON_Delete(body);
     if (!s) s = strdup("{\"error\":\"out of memory\"}");
     if (!s) return MHD_NO;
     size_t n = strlen(s);
     s[n] = '\n'; /* replace the NUL: a trailing newline, as Ollama's bodies end */
-    struct MHD_Response *r =
-        MHD_create_response_from_buffer(head ? 0 : n + 1, s, MHD_RESPMEM_MUST_FREE);
+    /* The response owns s from here. A HEAD request gets the same headers (Content-Length too)
+     * and no body: libmicrohttpd leaves the body out itself. */
+    struct MHD_Response *r = MHD_create_response_from_buffer(n + 1, s, MHD_RESPMEM_MUST_FREE);
     if (!r) {
         free(s);
         return MHD_NO;
     }
-    if (head) free(s);
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json; charset=utf-8");
     if (retry_after > 0) {
         char ra[16];
@@ -121,7 +121,7 @@ static enum MHD_Result send_json(struct MHD_Connection *c, int status, cJSON *bo
 
 static enum MHD_Result send_error(struct MHD_Connection *c, const char *url, int status,
                                   const char *msg) {
-    return send_json(c, status, cn_route_error(url, status, msg, NULL, NULL), 0, 0);
+    return send_json(c, status, cn_route_error(url, status, msg, NULL, NULL), 0);
 }
 
 static enum MHD_Result send_job(cn_server *s, struct MHD_Connection *c, cn_job *j) {
@@ -222,7 +222,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     cn_route_answer a;
     cn_route(s, method, url, cn->body ? cn->body : "", cn->len, &a);
     if (a.job) return send_job(s, c, a.job);
-    return send_json(c, a.status, a.body, a.retry_after, !strcmp(method, "HEAD"));
+    return send_json(c, a.status, a.body, a.retry_after);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
