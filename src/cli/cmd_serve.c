@@ -78,7 +78,7 @@ int cn_cmd_serve(int argc, char **argv) {
     const char *model = NULL, *name = NULL, *host = NULL, *api_key = NULL, *cache_dir = NULL;
     const char *backend = NULL;
     int port = 11435, threads = 0, ubatch = 0, max_queue = 64, quiet = 0, json = 0;
-    float finish_cancelled = 120, keepalive = 5;
+    float finish_cancelled = 120, keepalive = 5, header_timeout = 30;
     uint64_t max_body = 32u << 20;
     cn_engine_opts eo = {.cache = {.pre_end = 4}};
     uint64_t cache_gpu = CN_CLI_UNSET;
@@ -98,6 +98,8 @@ int cn_cmd_serve(int argc, char **argv) {
          "keep prefilling a prompt whose client left, while idle, up to SECONDS (default 120; 0: off)", 0, 0},
         {"keepalive", CN_FLAG_FLOAT, &keepalive, "SECONDS", "idle seconds before keep-alive bytes (default 5)", 0, 0},
         {"max-body", CN_FLAG_SIZE, &max_body, "SIZE", "largest request body (default 32M)", 0, 0},
+        {"header-timeout", CN_FLAG_FLOAT, &header_timeout, "SECONDS",
+         "seconds a connection has to send a request's headers, idle keep-alive included (default 30)", 0, 0},
         {"chunk", CN_FLAG_INT, &eo.chunk, "N", "prompt tokens per forward (default 512 on the CPU, --ubatch on a GPU)", 0, 0},
         {"cache-spacing", CN_FLAG_INT, &eo.cache.spacing, "N", "a restore point every N prompt tokens (default 1024)", 0, 0},
         {"no-speculate", CN_FLAG_BOOL, &eo.no_speculate, NULL, "decode plainly even with an MTP head (requests may also set options.speculate)", 0, 0},
@@ -122,10 +124,10 @@ int cn_cmd_serve(int argc, char **argv) {
     }
     if (port < 0 || port > 65535 || eo.ctx < 0 || eo.chunk < 0 || eo.cache.spacing < 0 ||
         max_queue < 1 || max_queue > 100000 || finish_cancelled < 0 || finish_cancelled > 3600 ||
-        keepalive <= 0 || max_body < 1024) {
+        keepalive <= 0 || header_timeout <= 0 || max_body < 1024) {
         fprintf(stderr, "cairn: out of range: --port 0..65535, --ctx/--chunk/--cache-spacing >= 0, "
                         "--max-queue 1..100000, --finish-cancelled 0..3600, --keepalive > 0, "
-                        "--max-body >= 1K\n");
+                        "--header-timeout > 0, --max-body >= 1K\n");
         return 2;
     }
     char host_buf[256];
@@ -219,6 +221,7 @@ int cn_cmd_serve(int argc, char **argv) {
         .max_queue = max_queue,
         .finish_cancelled_s = finish_cancelled,
         .keepalive_s = keepalive,
+        .header_timeout_s = header_timeout,
         .test_canned_output = canned,
     };
     if ((rc = cn_server_open(&srv, &so, e, t, &card, &err))) {

@@ -134,6 +134,10 @@ void cn_route(cn_server *s, const char *method, const char *url, const char *bod
                            "/api/chat", "/api/generate", "/v1/chat/completions", "/v1/completions"};
     for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) known |= !strcmp(url, paths[i]);
     char msg[300];
+    if (known && !strcmp(method, "OPTIONS")) {
+        answer(a, 204, NULL);
+        return;
+    }
     if (known) {
         snprintf(msg, sizeof msg, "method %s not allowed on %.200s", method, url);
         {

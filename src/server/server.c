@@ -1,16 +1,21 @@
 /* server.c - the HTTP plumbing of `cairn serve`: libmicrohttpd, bodies, auth, streamed responses,
  * disconnects. See server.h.
  *
- * A request's connection goes through:
- *     HEADERS  [access handler, first call]  auth (401) and a declared body past the limit (413)
- *              are answered before the body is read
- *     BODY     [further calls]   bytes accumulate up to max_body (beyond: 413 at the end)
+ * A connection is in the peers table (peers.h) from its start to its close: while it waits for a
+ * request's headers, the header deadline runs (a client that sends nothing, or a byte a second,
+ * is shut out; so is an idle keep-alive connection). A request on it goes through:
+ *     HEADERS  [access handler, first call]  the deadline stops; auth (401) and a declared body
+ *              past the limit (413) are answered before the body is read
+ *     BODY     [further calls]   bytes accumulate up to max_body; a chunked body that passes it
+ *                                closes the connection at once (libmicrohttpd cannot queue an
+ *                                answer mid-body, and reading the rest would be the attack)
  *     ROUTE    [last call]       routes.c answers at once or queues a job; a job's response is
  *                                queued with a content reader, so headers go out immediately
  *     STREAM   [content reader]  drains the job's channel; between bytes it checks every 100 ms
  *                                whether the peer closed its socket (that is the cancellation),
  *                                and sends the dialect's idle bytes after keepalive_s of silence
- *     DONE     [response freed]  the job is abandoned if it was not read to its end
+ *     DONE     [response freed]  the job is abandoned if it was not read to its end; the
+ *                                deadline starts again for the connection's next request
  * The connection's thread may block in the content reader: libmicrohttpd runs one thread per
  * connection here, so blocking one stream never stalls another.
  */
@@ -32,8 +37,26 @@
 typedef struct conn {
     char *body;
     size_t len, cap;
-    int too_large;
 } conn;
+
+/* The peers-table entry of connection c (NULL if it has none: cn_peers_add ran out of memory). */
+static cn_peer *peer_of(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+    cn_server *s = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+        *socket_context = ci ? cn_peers_add(&s->peers, ci->connect_fd) : NULL;
+    } else { /* CLOSED: libmicrohttpd closes the socket after this returns (peers.h (2)) */
+        cn_peers_remove(&s->peers, *socket_context);
+        *socket_context = NULL;
+    }
+}
 
 /* The content reader's state: one per streamed job. */
 typedef struct stream {
@@ -94,6 +117,16 @@ static void reader_free(void *cls) {
 
 static enum MHD_Result send_json(struct MHD_Connection *c, int status, cJSON *body,
                                  int retry_after) {
+    struct MHD_Response *r;
+    if (status == 204) { /* no content: OPTIONS */
+        cJSON_Delete(body);
+        r = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
+        if (!r) return MHD_NO;
+        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD, POST, OPTIONS");
+        enum MHD_Result ret = MHD_queue_response(c, 204, r);
+        MHD_destroy_response(r);
+        return ret;
+    }
     char *s = body ? cJSON_PrintUnformatted(body) : NULL;
     cJSON_Delete(body);
     if (!s) s = strdup("{\"error\":\"out of memory\"}");
@@ -102,11 +135,12 @@ static enum MHD_Result send_json(struct MHD_Connection *c, int status, cJSON *bo
     s[n] = '\n'; /* replace the NUL: a trailing newline, as Ollama's bodies end */
     /* The response owns s from here. A HEAD request gets the same headers (Content-Length too)
      * and no body: libmicrohttpd leaves the body out itself. */
-    struct MHD_Response *r = MHD_create_response_from_buffer(n + 1, s, MHD_RESPMEM_MUST_FREE);
+    r = MHD_create_response_from_buffer(n + 1, s, MHD_RESPMEM_MUST_FREE);
     if (!r) {
         free(s);
         return MHD_NO;
     }
+    if (status == 405) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD, POST, OPTIONS");
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json; charset=utf-8");
     if (retry_after > 0) {
         char ra[16];
@@ -179,6 +213,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!cn) { /* HEADERS */
         if (!(cn = calloc(1, sizeof *cn))) return MHD_NO;
         *con_cls = cn;
+        cn_peers_busy(&s->peers, peer_of(c), 1);
         if (!authorized(s, c, url))
             return send_error(c, url, 401, s->o.api_key && MHD_lookup_connection_value(
                                                                 c, MHD_HEADER_KIND,
@@ -196,9 +231,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (*upload_size) { /* BODY */
         size_t n = *upload_size;
         *upload_size = 0;
-        if (cn->too_large || cn->len + n > s->o.max_body) {
-            cn->too_large = 1;
-            return MHD_YES;
+        if (cn->len + n > s->o.max_body) {
+            cn_log(CN_LOG_INFO, "%s %s: body over the limit of %zu bytes: connection closed", method,
+                   url, s->o.max_body);
+            return MHD_NO;
         }
         if (cn->len + n + 1 > cn->cap) {
             size_t cap = cn->cap ? cn->cap : 4096;
@@ -213,11 +249,6 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         cn->body[cn->len] = '\0';
         return MHD_YES;
     }
-    if (cn->too_large) {
-        char msg[128];
-        snprintf(msg, sizeof msg, "request body over the limit of %zu bytes", s->o.max_body);
-        return send_error(c, url, 413, msg);
-    }
     /* ROUTE */
     cn_route_answer a;
     cn_route(s, method, url, cn->body ? cn->body : "", cn->len, &a);
@@ -227,9 +258,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
-    (void)cls;
-    (void)c;
+    cn_server *s = cls;
     (void)toe;
+    cn_peers_busy(&s->peers, peer_of(c), 0);
     conn *cn = *con_cls;
     if (!cn) return;
     free(cn->body);
@@ -248,6 +279,7 @@ int cn_server_open(cn_server **out, const cn_server_opts *o, cn_engine *e, const
     if (s->o.max_queue <= 0) s->o.max_queue = 64;
     if (s->o.finish_cancelled_s < 0) s->o.finish_cancelled_s = 120;
     if (s->o.keepalive_s <= 0) s->o.keepalive_s = 5;
+    if (s->o.header_timeout_s <= 0) s->o.header_timeout_s = 30;
     s->card = *card;
     s->env.model_name = card->name;
     s->env.text = t;
@@ -278,20 +310,28 @@ int cn_server_open(cn_server **out, const cn_server_opts *o, cn_engine *e, const
         free(s);
         return cn_err_set(err, CN_EINVAL, "--host %s: give a numeric IPv4 or IPv6 address", o->host);
     }
-    int rc = cn_worker_start(&s->worker, e, s->o.max_queue, s->o.finish_cancelled_s);
+    int rc = cn_peers_start(&s->peers, s->o.header_timeout_s);
     if (rc) {
+        free(s);
+        return cn_err_set(err, rc, "cannot start the connection table: %s", cn_strerror(rc));
+    }
+    rc = cn_worker_start(&s->worker, e, s->o.max_queue, s->o.finish_cancelled_s);
+    if (rc) {
+        cn_peers_stop(&s->peers);
         free(s);
         return cn_err_set(err, rc, "cannot start the engine worker: %s", cn_strerror(rc));
     }
     s->d = MHD_start_daemon(flags, (uint16_t)s->o.port, NULL, NULL, on_request, s,
                             MHD_OPTION_SOCK_ADDR, sa,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)(s->o.max_queue + 64),
                             MHD_OPTION_END);
     if (!s->d) {
         int e_ = errno;
         cn_worker_stop(&s->worker);
+        cn_peers_stop(&s->peers);
         free(s);
         return cn_err_set(err, CN_EIO, "cannot listen on %s:%d: %s", o->host, o->port,
                           e_ ? strerror(e_) : "libmicrohttpd refused");
@@ -309,5 +349,6 @@ void cn_server_close(cn_server *s) {
     MHD_quiesce_daemon(s->d);    /* no new connections */
     cn_worker_stop(&s->worker);  /* every job ends; every channel closes */
     MHD_stop_daemon(s->d);       /* joins the connection threads, now unblocked */
+    cn_peers_stop(&s->peers);    /* every connection closed: the table is empty */
     free(s);
 }

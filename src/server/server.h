@@ -38,6 +38,8 @@ typedef struct cn_server_opts {
     int max_queue;             /* waiting requests before 503 (0: 64) */
     double finish_cancelled_s; /* see worker.h (4); negative: default 120 */
     double keepalive_s;        /* idle seconds before a connection sends keep-alive bytes (0: 5) */
+    double header_timeout_s;   /* a connection must complete a request's headers within this many
+                                * seconds of being ready for it, or it is closed (0: 30) */
     const char *test_canned_output; /* TESTS ONLY: every response's text is this string, a few
                                      * bytes per generated token, instead of the decoded tokens:
                                      * how tests get tool calls out of a random model */

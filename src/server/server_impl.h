@@ -5,6 +5,7 @@
 
 #include <microhttpd.h>
 
+#include "server/peers.h"
 #include "server/request.h"
 #include "server/server.h"
 #include "server/worker.h"
@@ -14,6 +15,7 @@ struct cn_server {
     cn_model_card card;
     cn_api_env env;
     cn_worker worker;
+    cn_peers peers; /* open connections and their header deadlines */
     struct MHD_Daemon *d;
     int port;
 };
