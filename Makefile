@@ -2,19 +2,27 @@
 # under AddressSanitizer + UndefinedBehaviorSanitizer (never the GPU tests), `make test-cuda` builds
 # build-cuda with the CUDA backend and runs the GPU tests on a machine that has one (`make
 # memcheck-cuda`: under compute-sanitizer),
-# `make run` serves the default model (models/cobble, committed; MODEL=DIR for another).
+# `make run` serves the default model (models/cobble, committed; MODEL=DIR for another), `make
+# install` puts the binary in PREFIX/bin and the default model in PREFIX/share/cairn (PREFIX
+# defaults to /usr/local). On a fresh Debian or Ubuntu machine the first build installs the
+# packages it needs (tools/deps.sh; it names them when it cannot).
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 MODEL ?= models/cobble
+PREFIX ?= /usr/local
 
-.PHONY: all build asan cuda test test-plain test-asan test-cuda memcheck-cuda run clean
+.PHONY: all deps build asan cuda test test-plain test-asan test-cuda memcheck-cuda run install clean
 
 all: build
 
-build:
+# Checked until a build folder exists: then CMake has found everything once.
+deps:
+	@[ -f build/CMakeCache.txt ] || tools/deps.sh
+
+build: deps
 	@cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 	@cmake --build build -j $(JOBS) -- --no-print-directory
 
-asan:
+asan: deps
 	@cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DCAIRN_SANITIZE=ON -DCAIRN_CUDA=OFF >/dev/null
 	@cmake --build build-asan -j $(JOBS) -- --no-print-directory
 
@@ -61,6 +69,9 @@ models/tiny/config.json: | build
 
 run: build $(if $(filter models/tiny,$(MODEL)),models/tiny/config.json)
 	./build/cairn serve --model $(MODEL)
+
+install: build
+	cmake --install build --prefix $(PREFIX)
 
 clean:
 	rm -rf build build-asan build-cuda

@@ -204,17 +204,21 @@ int cn_cli_default_model(char *buf, size_t n) {
         exe[len] = '\0';
         char *slash = strrchr(exe, '/');
         if (slash) {
-            *slash = '\0'; /* the binary's folder, e.g. <repo>/build */
-            char cand[4096 + 32];
-            snprintf(cand, sizeof cand, "%s/../%s", exe, CN_CLI_DEFAULT_MODEL);
-            if (has_config(cand) && strlen(cand) < n) {
-                snprintf(buf, n, "%s", cand);
-                return 0;
+            *slash = '\0'; /* the binary's folder: <repo>/build, or PREFIX/bin once installed */
+            const char *rel[] = {"..", "../share/cairn"};
+            for (size_t i = 0; i < sizeof rel / sizeof rel[0]; i++) {
+                char cand[4096 + 64];
+                snprintf(cand, sizeof cand, "%s/%s/%s", exe, rel[i], CN_CLI_DEFAULT_MODEL);
+                if (has_config(cand) && strlen(cand) < n) {
+                    snprintf(buf, n, "%s", cand);
+                    return 0;
+                }
             }
         }
     }
     fprintf(stderr, "cairn: no model: pass --model DIR or set CAIRN_MODEL (the default, "
-                    CN_CLI_DEFAULT_MODEL ", is neither here nor beside the cairn binary)\n");
+                    CN_CLI_DEFAULT_MODEL ", is neither here, nor beside the cairn binary, nor in its "
+                    "../share/cairn)\n");
     return CN_ENOENT;
 }
 

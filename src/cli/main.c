@@ -3,6 +3,8 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "cn_commit.h" /* CN_COMMIT, written at build time (cmake/commit.cmake) */
+#include "server/info.h"
 
 static void usage(FILE *f) {
     fputs("usage: cairn <command> [options]\n"
@@ -22,7 +24,8 @@ static void usage(FILE *f) {
           "  cache       list the restore points a cache directory holds\n"
           "  quantize    write an NVFP4, MXFP8 or FP8 copy of a BF16/F32 checkpoint\n"
           "\n"
-          "Run `cairn <command> --help` for the options of one command.\n",
+          "Run `cairn <command> --help` for the options of one command;\n"
+          "`cairn --version` prints the version and the commit it was built from.\n",
           f);
 }
 
@@ -34,6 +37,10 @@ int main(int argc, char **argv) {
     const char *cmd = argv[1];
     if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
         usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "--version") || !strcmp(cmd, "-V") || !strcmp(cmd, "version")) {
+        printf("cairn %s (commit %s)\n", CN_VERSION, CN_COMMIT);
         return 0;
     }
     for (const cn_cli_command *c = cn_cli_commands; c->name; c++)
