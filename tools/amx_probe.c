@@ -4,13 +4,12 @@
  * on one core, operands in tile registers (no loads): the units' ceiling, not a kernel's rate.
  *
  * Build and run: cc -O2 -o amx_probe tools/amx_probe.c && ./amx_probe
- * A development tool: never linked into cairn. Session 12 on the 2-vCPU Intel Xeon this project
- * ran on (amx_bf16, amx_int8 in /proc/cpuinfo): 2,112 GFLOP/s bf16 and 3,811 GOP/s int8 on one
- * core, against about 200 Gop/s for the AVX-512 FMA and VNNI tiles `cairn bench` measures.
- * cairn does not use AMX yet: its sums round differently from the AVX-512 tiles, and the CPU
- * backend promises that a row of a multi-row product equals the one-row product bit for bit
- * (cpu_impl.h: mm_rows; exact speculation relies on it), so AMX would have to serve decode too,
- * where a first try streamed weights slower than AVX-512 (README, session 12).
+ * A development tool: never linked into cairn. On a 2-vCPU Intel Xeon (amx_bf16, amx_int8 in
+ * /proc/cpuinfo) it measured about 2.1 TFLOP/s bf16 on one core, 10x the AVX-512 tiles `cairn
+ * bench` measures (docs/performance.md). cairn does not use AMX: its sums round differently from
+ * the AVX-512 tiles, and the CPU backend promises that a row of a multi-row product equals the
+ * one-row product bit for bit (cpu_impl.h: mm_rows; exact speculation relies on it), so AMX would
+ * have to serve decode too, where a one-row AMX tile streams weights slower than AVX-512.
  */
 #define _GNU_SOURCE
 #include <immintrin.h>

@@ -1,6 +1,6 @@
 /* fp8_mma_error.c - would an NVFP4 decode GEMV on FP8 or int8 tensor cores be exact enough? An
- * emulation on the CPU, to decide before spending device time (session 11's plan for
- * k_gemv_fp4, whose f16 form spends ~6 instructions a weight turning nibbles into scaled f16).
+ * emulation on the CPU, to decide before spending device time (for k_gemv_fp4: an f16 form
+ * spends ~6 instructions a weight turning nibbles into scaled f16).
  *
  * The design it models: the weights' E2M1 nibbles become E4M3 bytes as they are (exact); x is
  * scaled by 2^-p so that max |x| sits in [128, 256) and split into T E4M3 terms (term t the
@@ -15,16 +15,17 @@
  * Build and run: cc -O2 -o /tmp/fp8err tools/fp8_mma_error.c -lm && /tmp/fp8err
  * A development tool: never linked into cairn.
  *
- * Its answer (session 11; rows: terms, alignment bits, output truncated to 13 bits; K = 1024 to
- * 4096): 4 terms with the sums exact reach 4.1e-7 to 4.5e-7; any 13-bit truncation (alignment
- * or output) gives 2.2e-5 to 4.1e-5, and 3 terms 1.0e-5 to 3.6e-5. So the FP8 form meets 2e-5
+ * Its answer (rows: terms, alignment bits, output truncated to 13 bits; K = 1024 to 4096): 4
+ * terms with the sums exact reach 4.1e-7 to 4.5e-7; any 13-bit truncation (alignment or output)
+ * gives 2.2e-5 to 4.1e-5, and 3 terms 1.0e-5 to 3.6e-5. So the FP8 form meets 2e-5
  * only if the tensor core's FP8 sums are exact to about 24 bits, which the reports for Hopper
  * (e8m13) say they are not. The int8 form (trial_int8) sums exactly in int32: with 3 x terms it
  * reaches 7.9e-7 to 9.9e-7 (2 terms: 1.2e-4 to 1.4e-4). Its weights come from nibbles by byte
  * permutes (a 16-entry table: two PRMTs for the magnitudes, two for the negated ones, one PRMT
  * in sign-replicate mode for the byte masks, one LOP3 to pick), no conversion or scale multiply
  * per weight; the columns are (term, block) pairs, 6 of the 8, so each product's sums take their
- * block scales by I2F and FFMA after it. That is the design to build next.
+ * block scales by I2F and FFMA after it. So the int8 form is the one to build: k_gemv_fp4
+ * (cuda_gemv_fp4.cu) does, with byte permutes into 128 + 2 e2m1 and dp4a.
  */
 #include <math.h>
 #include <stdint.h>

@@ -5,14 +5,14 @@
 # patch of every change gives the tree before them all), built side by side, then `cairn bench
 # --backend cuda` of each binary in turn, ROUNDS rounds, so every figure comes from one run on
 # one machine; last the GPU op, forward and speculation tests on the tree as sent. The copies come
-# from the files, never from git (the device's copy of .git can lag the tree: stashing there once
-# reverted a whole session's commits). For one change: PATCH is `git diff` of it, the tree
+# from the files, never from git (the device's copy of .git can lag the tree, so a stash there
+# could revert commits the tree holds). For one change: PATCH is `git diff` of it, the tree
 # holding it.
 # Usage: sh tools/gpu_variants.sh OUTDIR ROUNDS PATCH...   (WEIGHTS=nvfp4; LAYERS=0, the whole
 # model; BENCH_ARGS for more; the preset is kept in /tmp/gv-WEIGHTS-LAYERS between runs)
 # KNOBS="NAME:VAR=VAL,VAR=VAL ..." (NAME not a number) also benches the sent binary under each
 # NAME's environment in every round (knobs an experiment reads with getenv: no build per
-# candidate; session 16 measured six that way in one run), and runs the op test under each
+# candidate, so several fit in one run), and runs the op test under each
 # (KNOB_TESTS=0: not; each takes about a minute on the H200). Lines report decode at context 0
 # and, when BENCH_ARGS gives a --context, decode_8k's context and tok/s, each with its median token's.
 out=${1:?usage: gpu_variants.sh OUTDIR ROUNDS PATCH...}

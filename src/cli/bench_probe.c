@@ -89,10 +89,9 @@ typedef struct bw_ctx {
 } bw_ctx;
 
 /* Each reader walks its n bytes as STREAMS interleaved streams (the quarters), as decode's
- * kernels read several weight rows at once. In the memory's slow state on this 2-core machine
- * one stream a thread read 20-25 GB/s, below what decode itself read (28-31), so the 6-layer
- * NVFP4 slice's decode_roofline_ratio came out 1.28 and 1.30; four streams read 31-35 GB/s and
- * the same decode 0.94 and 0.94 (session 11, alternating runs). n is a multiple of
+ * kernels read several weight rows at once. Why: on a 2-core VM whose memory was in its slow
+ * state, one stream a thread read 20-25 GB/s, less than decode itself read (28-31), which put
+ * decode_roofline_ratio above 1; four streams read 31-35 GB/s. n is a multiple of
  * STREAMS * 256. */
 #define STREAMS 4
 

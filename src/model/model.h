@@ -42,17 +42,11 @@ typedef void (*cn_load_stage_fn)(void *ctx, cn_load_stage stage, uint64_t bytes)
 /* Tokens per forward piece when the caller does not say. Each piece passes over every weight once,
  * and a gathered MoE runs each expert over the piece's tokens routed to it: at 256 a nano-shape
  * expert (128 experts, top 6) sees about 12 rows, so its weights come from memory for few
- * multiply-adds (and its tile runs short); at 1024 about 48. Measured on the 2-core machine this
- * was written on: `cairn bench --preset nano-shape --layers 6 --weights bf16 --prompt 1024
- * --ubatch 256|1024`, back to back, prefill 87 and 129 tok/s (0.18 GB more scratch); the BF16
- * gathered matmul alone, one thread, 128 experts of 1856 x 2688, top 6: 80-97 GFLOP/s per CPU
- * second at 256 tokens, 105-120 at 1024. A served request's forwards are at most the engine's
- * chunk (cn_engine_opts.chunk, 512) anyway. On the CUDA backend the experts' grouped GEMM gains
- * the same way, and more rows per expert fill its 128-row tiles: on the H200 (`cairn bench
- * --backend cuda --preset nano-shape --layers 6 --weights bf16 --ubatch 1024|2048`, one device
- * call) prefill ran at 119,078 and 125,977 tok/s on 2048-token prompts before the pipelined
- * grouped GEMM; 256 gave 58,047 against 90,145 at 1024 in another call. (Session 3 saw 1024
- * halve it, 25,731 vs 57,922; not reproduced at 062f20a.) GPU pieces take 2048. */
+ * multiply-adds (and its tile runs short); at 1024 about 48, for 0.18 GB more scratch (CPU
+ * prefill of the 6-layer nano-shape slice: 129 against 87 tok/s at 256). A served request's
+ * forwards are at most the engine's chunk (cn_engine_opts.chunk, 512 on the CPU) anyway. On the
+ * CUDA backend more rows per expert also fill the grouped GEMM's 128-row tiles, and 2048 beat
+ * 1024 there, so GPU pieces take 2048 (docs/performance.md, "Figures behind defaults"). */
 #define CN_UBATCH_DEFAULT 1024
 #define CN_UBATCH_DEFAULT_GPU 2048
 

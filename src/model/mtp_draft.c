@@ -3,7 +3,8 @@
  * global scale, as cn_quantize_dir writes them; FP8 E4M3 with one scale per tensor for a matrix
  * whose K is not a multiple of 16, or a backend without NVFP4 weights), so a draft streams about
  * a quarter of the bytes of a BF16 head. On cobble NVFP4 kept the acceptance of the stored head
- * (0.761 against 0.757 at depth 4; FP8 0.763) and its rounds were the cheaper (README).
+ * (0.761 against 0.757 at depth 4; FP8 0.763) and its rounds were the cheaper
+ * (docs/performance.md).
  *
  * Promises: built once per model, on a backend whose weights live in host memory (the CPU); the
  * stored head is never changed, so cn_state_create(..., 1) states and everything the main stack

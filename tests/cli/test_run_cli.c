@@ -311,7 +311,7 @@ static void test_line_editing_on_a_terminal(void **st) {
     close(fd);
     assert_true(WIFEXITED(status));
     assert_int_equal(WEXITSTATUS(status), 0);
-    char *h = read_text(hist); /* the lines as run, kept for the next session */
+    char *h = read_text(hist); /* the lines as run, kept for the next run */
     assert_non_null(h);
     assert_non_null(strstr(h, "/no_think"));
     assert_non_null(strstr(h, "/bye"));

@@ -16,10 +16,10 @@
  * cp.async, all its key groups' chunks in flight at once, for all the query heads of the GQA
  * group (nano's 16 read the cache once, not 16 times); it combines its groups' running maxima,
  * sums and accumulators and writes one row per head to scratch, and a second kernel merges the
- * spans, one block per (query, head), after one round of loads. On the H200 at 8k of context
- * session 17's kernels (256 spans of 64 keys half of them empty, the chunks' loads one after the
- * other) took 14 us and 15 us (merge) per attention layer; these take 10.2 us and about 3
- * (tools/kprof.c, PDL off).
+ * spans, one block per (query, head), after one round of loads. Why balanced spans and every
+ * chunk in flight: with a fixed 256 spans (half of them empty at 8k) and each chunk loaded after
+ * the one before, the split and the merge took 14 and 15 us per attention layer on the H200;
+ * these take 10.2 and about 3 (tools/kprof.c, PDL off).
  * Those calls always take this path, with a single span too, so a decode step's graph keeps its
  * kernels as the cache grows (only the grid and the scratch change, cuda_backend.cu).
  * Inside a positioned step n_past is read on the device and the spans are the bucket's (the

@@ -15,9 +15,8 @@
  *    weight scale times x's block scale) then multiplies it once in fp32. The result is the
  *    product with the dequantized weights to about 2e-5 of its largest output (test_cuda_ops:
  *    6e-5 against a double reference), x's rounding far below the BF16 activations of the
- *    reference implementation; the CPU backend rounds x to one int8 term. Three terms (2^-24,
- *    within 2e-5 like the fp32 products) ran 2.5% slower: 498.2 / 492.3 -> 509.1 / 507.8 tok/s
- *    (session 17, whole-model decode on the H200, two rounds in one run).
+ *    reference implementation; the CPU backend rounds x to one int8 term. Two terms, not three
+ *    (2^-24, within 2e-5 like the fp32 products): the third cost 2.5% of whole-model decode.
  *  - The super-steps are split over S warps, partials summed in a fixed order, S the split
  *    whose busiest warp costs least in the one wave of resident blocks (its slowest block ends
  *    the launch), a tile's end counted as part of a super-step (FP4_END); a row's 4 lanes are
@@ -29,31 +28,18 @@
  *    first, the weights' behind them.
  * Rows, epilogues (g1_epi; fp4_write: one output per lane) and the one-wave grid are k_gemv1's.
  *
- * Why integers: the form before (nibbles spread to E4M3 bytes, converted to half2 by the
- * hardware, times the block scale in fp16, x as two fp16 terms into m16n8k16 tensor-core
- * products) was bound by instruction issue, not by the memory (ncu: DRAM 7-19% of peak, IPC
- * 2.0). This one issues about as many (ncu, the Mamba in_proj, 15.7 MB: 6.28 M warp
- * instructions against 5.98 M, a sixth of them the three-term staging, 300 a super-step in the
- * loop by the SASS before the per-tile pointers) but stalls less: whole-model decode 398.6 ->
- * 413.7 tok/s in one run (`cairn bench --backend cuda --preset nano-shape --weights nvfp4`).
+ * Why integers: a tensor-core form (nibbles spread to E4M3 bytes, converted to half2 by the
+ * hardware, times the block scale in fp16, x as two fp16 terms into m16n8k16 products) is bound
+ * by instruction issue, not by the memory (ncu: DRAM 7-19% of peak); this one issues about as
+ * many instructions but stalls less (whole-model decode on the H200: 4% faster).
  * An FP8 form (tools/fp8_mma_error.c) misses 2e-5 with Hopper's truncated FP8 sums; tensor-core
  * int8 products would need an fp32 epilogue per (row, block, term) and gain nothing over dp4a.
- * Session 14 on the H200 (whole-model decode, alternating pairs in one run; ncu on the 22 MB
- * MoE launches): the items loaded straight into registers, FP4_D ahead, instead of the ring cut
- * the loop's SASS by a fifth but ran the same (431.0 / 431.4 -> 429.5 / 431.8 tok/s; 128
- * registers); 16-warp blocks at 64 registers (two an SM, twice the warps) issued 20% more
- * instructions and ran slower (432 / 428 -> 401 / 400); the right shifts of the then fp4_i8 as
- * IMAD.HI slower (444.9 / 444.6 -> 440.2 / 439.9); two x terms instead of three faster (+2.5%),
- * 2.1e-5 from the double reference (then held to 2e-5; two terms since session 17). Per SM and
- * clock the H200 retires 64 lanes of PRMT, LOP3, SHF, IDP.4A or IMAD, 128 of IADD, and 32 of
- * IMAD.HI or I2F (a microbenchmark of independent chains): a super-step's ~110 integer-pipe
- * instructions (48 of them PRMT) alone would allow about 4.9 TB/s, but ncu finds each scheduler
- * issuing every 2.2 cycles (stalls on dependent results and pipe turns with 3-4 warps each), so a
- * launch moves about 1 TB/s.
- * Session 16 (whole model, pairs in one run, decode ~460 tok/s): rings 6 or 8 deep ran 2-4%
- * slower, one block an SM 20% slower, three at 80 registers (112 bytes spilled) 6% slower, and
- * BF16 weights on this ring (a template over the dtype) 1-2% slower than k_gemv1: the loop
- * waits on each warp's issue, not on memory in flight.
+ * Why this loop and not another: the kernel is bound by each warp's issue rate (a super-step's
+ * ~110 integer-pipe instructions would allow about 4.9 TB/s on the H200, but each scheduler
+ * issues every 2.2 cycles, so a launch moves about 1 TB/s), not by memory in flight. So the
+ * variants that change what is in flight ran no faster or slower: loads straight into
+ * registers instead of the ring, rings 6 or 8 deep instead of FP4_NST, 16-warp blocks at 64
+ * registers, one or three blocks an SM, BF16 weights on this ring (docs/performance.md).
  * Never: other dtypes or shapes (cu_fp4_fits says no and k_gemv1 runs), more than one x row.
  */
 #include <cuda_fp8.h>
