@@ -2,7 +2,7 @@
  *
  * libmicrohttpd accepts connections, one thread each; a handler reads the body, validates it into
  * a job (request.h), queues it (worker.h) and returns; the job streams its frames through a
- * channel that the connection's thread drains (http.c). The one engine worker runs jobs in
+ * channel that the connection's thread drains (server.c). The one engine worker runs jobs in
  * arrival order. A client that disconnects cancels its job (queued: dropped unrun; running: at the
  * next forward, or after its prefill when the server is otherwise idle, see worker.h).
  * The server never exits the process and keeps no global state; cn_server_close stops accepting,
