@@ -268,7 +268,7 @@ int cn_pc_init(cn_prefix_cache *pc, cn_state *live, const cn_pc_opts *o) {
     if (o) pc->o = *o;
     if (pc->o.spacing <= 0) pc->o.spacing = 1024;
     if (!o) pc->o.pre_end = 4;
-    if (pc->o.ram_budget == 0) pc->o.ram_budget = (uint64_t)4 << 30;
+    if (pc->o.ram_budget == 0) pc->o.ram_budget = CN_PC_RAM_BUDGET;
     if (pc->o.evict_steps <= 0) pc->o.evict_steps = 8;
     int n = live->n_layers;
     pc->kind = calloc((size_t)(n ? n : 1), sizeof *pc->kind);

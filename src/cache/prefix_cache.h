@@ -82,6 +82,8 @@
 
 /* The device tier's budget the commands use on a GPU when not told otherwise. */
 #define CN_PC_DEV_BUDGET ((uint64_t)1 << 30)
+/* The RAM tier's budget when not told otherwise. */
+#define CN_PC_RAM_BUDGET ((uint64_t)4 << 30)
 
 typedef struct cn_pc_opts {
     int spacing;          /* a restore point every `spacing` tokens of prefill (0: 1024) */

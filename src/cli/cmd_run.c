@@ -37,6 +37,7 @@
 #include "cli/cli_util.h"
 #include "cli/flags.h"
 #include "cli/lineedit.h"
+#include "engine/ctx_plan.h"
 #include "engine/engine.h"
 #include "text/chat.h"
 #include "text/reply.h"
@@ -578,7 +579,7 @@ int cn_cmd_run(int argc, char **argv) {
         {"presence-penalty", CN_FLAG_FLOAT, &o.sampling.presence_penalty, "P", "", 0, 0},
         {"frequency-penalty", CN_FLAG_FLOAT, &o.sampling.frequency_penalty, "F", "", 0, 0},
         {"seed", CN_FLAG_U64, &o.sampling.seed, "S", "sampling seed (default 0)", 0, 0},
-        {"ctx", CN_FLAG_INT, &eo.ctx, "N", "context length in tokens: the whole conversation (default 4096)", 0, 0},
+        {"ctx", CN_FLAG_INT, &eo.ctx, "N", "context length in tokens: the whole conversation (default: the model's max_position_embeddings, lowered to fit memory)", 0, 0},
         {"chunk", CN_FLAG_INT, &eo.chunk, "N", "prompt tokens per forward (default 512 on the CPU, --ubatch on a GPU)", 0, 0},
         {"cache-ram", CN_FLAG_SIZE, &eo.cache.ram_budget, "SIZE", "host RAM for restore points (default 4G)", 0, 0},
         {"cache-gpu", CN_FLAG_SIZE, &cache_gpu, "SIZE", CN_CLI_CACHE_GPU_HELP, 0, 0},
@@ -612,7 +613,6 @@ int cn_cmd_run(int argc, char **argv) {
         model = model_buf;
     }
     if (no_think) o.think = 0;
-    if (eo.ctx == 0) eo.ctx = 4096;
     char name[256];
     base_name(model, name, sizeof name);
     o.name = name;
@@ -635,6 +635,9 @@ int cn_cmd_run(int argc, char **argv) {
         goto done;
     }
     eo.cache.dev_budget = cn_cli_dev_budget(cache_gpu, b);
+    cn_ctx_plan plan;
+    if ((rc = cn_ctx_plan_make(cn_model_config(m), eo.ctx, cn_ctx_budget(m, &eo.cache), &plan))) goto done;
+    eo.ctx = plan.ctx;
     cn_cli_progress_stage(&prog, "state for %d tokens", eo.ctx);
     if ((rc = cn_engine_open(&e, m, &eo, &err))) {
         cn_cli_progress_clear(&prog);
@@ -644,6 +647,8 @@ int cn_cmd_run(int argc, char **argv) {
     cn_model_stats st;
     cn_model_stats_get(m, &st);
     cn_cli_progress_done(&prog, st.params);
+    char plan_line[400];
+    if (o.verbose && !o.quiet) fprintf(stderr, "cairn: %s\n", cn_ctx_plan_line(&plan, plan_line, sizeof plan_line));
 
     /* No SA_RESTART: a Ctrl-C at the prompt interrupts the read, and the chat ends. */
     memset(&sa, 0, sizeof sa);

@@ -23,6 +23,7 @@
 #include "cli/cli.h"
 #include "cli/cli_util.h"
 #include "cli/flags.h"
+#include "engine/ctx_plan.h"
 #include "engine/engine.h"
 #include "server/server.h"
 #include "text/text.h"
@@ -87,7 +88,7 @@ int cn_cmd_serve(int argc, char **argv) {
         {"name", CN_FLAG_STR, &name, "NAME", "served model name (default: the directory's basename)", 0, 0},
         {"host", CN_FLAG_STR, &host, "ADDR", "listen address (default 127.0.0.1, or CAIRN_HOST)", 0, 0},
         {"port", CN_FLAG_INT, &port, "N", "listen port (default 11435; 0 picks a free one)", 0, 0},
-        {"ctx", CN_FLAG_INT, &eo.ctx, "N", "context length in tokens (default 4096)", 0, 0},
+        {"ctx", CN_FLAG_INT, &eo.ctx, "N", "context length in tokens (default: the model's max_position_embeddings, lowered to fit memory)", 0, 0},
         {"cache-ram", CN_FLAG_SIZE, &eo.cache.ram_budget, "SIZE", "host RAM for restore points (default 4G)", 0, 0},
         {"cache-gpu", CN_FLAG_SIZE, &cache_gpu, "SIZE", CN_CLI_CACHE_GPU_HELP, 0, 0},
         {"cache-dir", CN_FLAG_STR, &cache_dir, "DIR", "disk tier for restore points (survives restarts)", 0, 0},
@@ -139,7 +140,6 @@ int cn_cmd_serve(int argc, char **argv) {
         if (p >= 0 && !flags[3].seen) port = p;
     }
     if (!host) host = "127.0.0.1";
-    if (eo.ctx == 0) eo.ctx = 4096;
     char model_buf[4096];
     if (!model) {
         if (cn_cli_default_model(model_buf, sizeof model_buf)) return 2;
@@ -177,9 +177,12 @@ int cn_cmd_serve(int argc, char **argv) {
         fprintf(stderr, "cairn: %s\n", err.msg);
         goto done;
     }
+    eo.cache.dev_budget = cn_cli_dev_budget(cache_gpu, b);
+    cn_ctx_plan plan;
+    if ((rc = cn_ctx_plan_make(c, eo.ctx, cn_ctx_budget(m, &eo.cache), &plan))) goto done;
+    eo.ctx = plan.ctx;
     if (cache_dir) cn_cli_progress_stage(&prog, "state for %d tokens, restore points in %s", eo.ctx, cache_dir);
     else cn_cli_progress_stage(&prog, "state for %d tokens", eo.ctx);
-    eo.cache.dev_budget = cn_cli_dev_budget(cache_gpu, b);
     if ((rc = cn_engine_open(&e, m, &eo, &err))) {
         cn_cli_progress_clear(&prog);
         fprintf(stderr, "cairn: %s\n", err.msg);
@@ -188,6 +191,8 @@ int cn_cmd_serve(int argc, char **argv) {
     cn_model_stats st;
     cn_model_stats_get(m, &st);
     cn_cli_progress_done(&prog, st.params);
+    char plan_line[400];
+    if (!quiet) fprintf(stderr, "cairn: %s\n", cn_ctx_plan_line(&plan, plan_line, sizeof plan_line));
     uint64_t bytes = 0, most = 0;
     int qd = 0;
     for (int i = 0; i < CN_DTYPE_COUNT; i++) {

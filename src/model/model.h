@@ -143,14 +143,13 @@ int cn_model_identity_dir(const char *dir, uint64_t *out, cn_err *err);
  * (cn_model_opts.shared_apart; a layer whose formats differ keeps it apart). */
 int cn_model_folded_moe_layers(const cn_model *m);
 
-/* Parameter and byte counts by dtype, for `cairn info`. bytes[] is indexed by cn_dtype. */
+/* Parameter and byte counts by dtype, for `cairn info`. bytes[] is indexed by cn_dtype. (A
+ * sequence's state: engine/ctx_plan.h.) */
 typedef struct cn_model_stats {
     uint64_t params;                 /* every weight element, MTP included */
     uint64_t params_mtp;             /* of which in the MTP head */
     uint64_t active_params;          /* used per token: experts counted top-k + shared only */
     uint64_t bytes[CN_DTYPE_COUNT];  /* checkpoint bytes per stored dtype */
-    uint64_t state_bytes_fixed;      /* per sequence: recurrent state, independent of length */
-    uint64_t state_bytes_per_token;  /* per sequence: KV per token */
 } cn_model_stats;
 void cn_model_stats_get(const cn_model *m, cn_model_stats *st);
 

@@ -1,4 +1,4 @@
-/* model_info.c - parameter, byte and state-size accounting for `cairn info`. */
+/* model_info.c - parameter and byte accounting for `cairn info`, block indices, decode traffic. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -25,14 +25,6 @@ void cn_model_stats_get(const cn_model *m, cn_model_stats *st) {
     uint64_t main = st->params - st->params_mtp;
     st->active_params = main - routed;
     if (c->n_routed_experts > 0) st->active_params += routed * (uint64_t)c->n_experts_per_tok / (uint64_t)c->n_routed_experts;
-    int n_attn = cn_config_count(c, CN_BLOCK_ATTN), n_mamba = cn_config_count(c, CN_BLOCK_MAMBA);
-    uint64_t kv_row = 2 * (uint64_t)c->n_kv_heads * c->head_dim * sizeof(float);
-    st->state_bytes_per_token = (uint64_t)n_attn * kv_row;
-    st->state_bytes_fixed = (uint64_t)n_mamba *
-        ((uint64_t)(c->conv_kernel - 1) * m->conv_dim +
-         (uint64_t)c->mamba_n_heads * c->mamba_head_dim * c->ssm_state_size) * sizeof(float);
-    /* a sliding-window layer holds W rows whatever the context */
-    st->state_bytes_fixed += (uint64_t)cn_config_count(c, CN_BLOCK_SWA) * (uint64_t)c->sliding_window * kv_row;
 }
 
 int cn_block_index(cn_block type) {

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "base/error.h"
+#include "base/meminfo.h"
 
 #define ROWS(t) ((t)->shape[0])
 #define COLS(t) ((t)->shape[1])
@@ -98,6 +99,13 @@ static int lane(cn_backend *b, int what) {
 int cn_backend_fork(cn_backend *b) { return lane(b, CN_LANE_FORK); }
 int cn_backend_back(cn_backend *b) { return lane(b, CN_LANE_BACK); }
 int cn_backend_join(cn_backend *b) { return lane(b, CN_LANE_JOIN); }
+
+int cn_backend_memory(cn_backend *b, uint64_t *free_bytes, uint64_t *total_bytes) {
+    if (!b->iface->memory) return cn_host_memory(free_bytes, total_bytes);
+    int rc = b->iface->memory(b, free_bytes, total_bytes);
+    if (rc) *free_bytes = *total_bytes = 0;
+    return rc;
+}
 
 int cn_backend_measure(cn_backend *b, int what, cn_backend_limits *out) {
     cn_backend_limits zero = {0};

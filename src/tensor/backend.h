@@ -61,6 +61,10 @@ int cn_backend_upload(cn_backend *b, cn_tensor *dst, uint64_t offset, const void
 int cn_backend_download(cn_backend *b, void *host, const cn_tensor *src);
 /* dst = src for equal shapes (2D, row strides honoured); dtypes F32 <-> F32/BF16/F16. */
 int cn_backend_copy(cn_backend *b, cn_tensor *dst, const cn_tensor *src);
+/* Bytes of the memory cn_backend_alloc draws from: free now and in all (a device's own memory;
+ * the host's MemAvailable and MemTotal for a backend computing in host memory). 0, or
+ * CN_EUNSUPPORTED with both 0 when the backend cannot tell. */
+int cn_backend_memory(cn_backend *b, uint64_t *free_bytes, uint64_t *total_bytes);
 /* Makes a host-mapped weight usable by the backend (CPU: nothing; CUDA: upload). */
 int cn_backend_weight(cn_backend *b, cn_tensor *w);
 /* Waits for queued work (no-op on CPU). */

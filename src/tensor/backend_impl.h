@@ -95,6 +95,9 @@ typedef struct cn_backend_iface {
     /* Lanes (backend.h): CN_LANE_FORK, CN_LANE_BACK or CN_LANE_JOIN, (optional): default
      * CN_OK, every op in order. */
     int (*lane)(cn_backend *b, int what);
+    /* Bytes free and in all of the memory alloc draws from (backend.h cn_backend_memory),
+     * (optional): default the host's (base/meminfo.h). */
+    int (*memory)(cn_backend *b, uint64_t *free_bytes, uint64_t *total_bytes);
 } cn_backend_iface;
 
 struct cn_backend {

@@ -265,7 +265,11 @@ test('bad input: 400 JSON, fields, UTF-8; 404 model and path; 400 context; nothi
   assert.equal(r.status, 405);
   const huge = longText(2500, 5);
   await assert.rejects(openai.completions.create({ model: MODEL, prompt: huge }),
-    (err) => err.status === 400 && /\d+ tokens, past the context of 4096/.test(err.message));
+    (err) => err.status === 400 && /\d+ tokens, past the context of 4096 tokens .*--ctx N/.test(err.message) &&
+      err.code === 'context_length_exceeded');
+  r = await post('/api/generate', JSON.stringify({ model: MODEL, prompt: huge, stream: false }));
+  assert.equal(r.status, 400);
+  assert.match((await r.json()).error, /past the context of 4096 tokens .*--ctx N/);
 });
 
 test('formats and tool choices cairn cannot hold to are refused by name', async () => {

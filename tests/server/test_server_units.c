@@ -221,6 +221,16 @@ static void test_builders(void **st) {
     for (int i = 0; i < 600; i++) strcat(big, "zq ");
     strcat(big, "\"}");
     assert_int_equal(status_of(cn_openai_completions_request, big, "past the context of 256 tokens"), 400);
+    /* ... naming the flag that sets it, with OpenAI's code */
+    cn_api_env env = {.model_name = "tiny", .text = g_text, .ctx = g_ctx};
+    cn_job *j = NULL;
+    cn_refusal r;
+    memset(&r, 0, sizeof r);
+    assert_int_equal(cn_openai_completions_request(&env, big, strlen(big), &j, &r), CN_EINVAL);
+    assert_null(j);
+    assert_non_null(strstr(r.msg, "cairn serve --ctx N"));
+    assert_non_null(r.code);
+    assert_string_equal(r.code, "context_length_exceeded");
     free(big);
     const char bad_utf8[] = "{\"model\":\"tiny\",\"prompt\":\"\xC3\x28\"}";
     assert_int_equal(status_of(cn_ollama_generate_request, bad_utf8, "UTF-8"), 400);

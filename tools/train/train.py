@@ -437,7 +437,7 @@ def export(model, tok, template, d, max_shard=15 * 1000 * 1000):
         architectures=["NemotronHForCausalLM"], model_type="nemotron_h", **c,
         layers_block_type=[{"M": "mamba", "*": "attention", "E": "moe"}[x] for x in pat],
         num_hidden_layers=len(pat), tie_word_embeddings=False, attention_bias=False, attention_dropout=0.0,
-        sliding_window=None, max_position_embeddings=8192, mamba_hidden_act="silu", mamba_proj_bias=False,
+        sliding_window=None, max_position_embeddings=262144, mamba_hidden_act="silu", mamba_proj_bias=False,
         use_bias=False, use_conv_bias=True, mamba_ssm_cache_dtype="float32", expand=2,
         time_step_min=0.001, time_step_max=0.1, time_step_floor=0.0001, intermediate_size=c["moe_intermediate_size"],
         mlp_hidden_act="relu2", mlp_bias=False, residual_in_fp32=False, rescale_prenorm_residual=True,
@@ -451,7 +451,7 @@ def export(model, tok, template, d, max_shard=15 * 1000 * 1000):
     tok.save(os.path.join(d, "tokenizer.json"))
     tc = {"add_bos_token": False, "add_eos_token": False, "bos_token": "<s>", "eos_token": "<|im_end|>",
           "pad_token": "<unk>", "unk_token": "<unk>", "clean_up_tokenization_spaces": False,
-          "model_max_length": 8192, "tokenizer_class": "PreTrainedTokenizerFast",
+          "model_max_length": 262144, "tokenizer_class": "PreTrainedTokenizerFast",
           "added_tokens_decoder": {str(i): {"content": s, "lstrip": False, "normalized": False, "rstrip": False,
                                             "single_word": False, "special": True} for i, s in enumerate(SPECIALS)},
           "chat_template": template}

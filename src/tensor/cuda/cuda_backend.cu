@@ -154,6 +154,17 @@ static void cu_release(cn_backend *b, cn_tensor *t) {
     t->data = NULL;
 }
 
+/* What cudaMalloc can still give on this device, beside what this process and others hold. */
+static int cu_memory(cn_backend *b, uint64_t *free_bytes, uint64_t *total_bytes) {
+    if (cu_ctx_of(b)->in_step) return CN_EBUSY;
+    size_t f = 0, t = 0;
+    int rc = cu_check(cudaMemGetInfo(&f, &t), "memory query");
+    if (rc) return rc;
+    *free_bytes = f;
+    *total_bytes = t;
+    return CN_OK;
+}
+
 static int cu_upload(cn_backend *b, cn_tensor *dst, uint64_t offset, const void *host, uint64_t n) {
     cu_ctx *c = cu_ctx_of(b);
     if (c->in_step) return CN_EBUSY;
@@ -596,6 +607,7 @@ static const cn_backend_iface cu_iface = {
     /* not here: a verify's buffers are recorded in its steps; the captures hold the states */
     /* .ssm_scan_from = */ NULL,
     /* .lane = */ cu_lane,
+    /* .memory = */ cu_memory,
 };
 
 extern "C" cn_backend *cn_cuda_backend_create(int device, cn_err *err) {
