@@ -33,7 +33,7 @@ test-plain: build
 test-asan: asan
 	@mkdir -p build-asan/tmp
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS) -LE gpu
+	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS) -LE 'gpu|agents'
 
 test: test-plain test-asan
 

@@ -218,6 +218,14 @@ int cn_cmd_serve(int argc, char **argv) {
                         "(for tests only)\n");
     else
         canned = NULL;
+    /* TESTS ONLY: the answer to a request whose last message is a tool result (an agent's tool
+     * round trip: the canned call, then this final text); unset, such requests get the above. */
+    const char *after_tool = getenv("CAIRN_TEST_CANNED_AFTER_TOOL");
+    if (after_tool && *after_tool)
+        fprintf(stderr, "cairn: CAIRN_TEST_CANNED_AFTER_TOOL is set: an answer after a tool result "
+                        "is that canned text (for tests only)\n");
+    else
+        after_tool = NULL;
     cn_server_opts so = {
         .host = host,
         .port = port,
@@ -228,6 +236,7 @@ int cn_cmd_serve(int argc, char **argv) {
         .keepalive_s = keepalive,
         .header_timeout_s = header_timeout,
         .test_canned_output = canned,
+        .test_canned_after_tool = after_tool,
     };
     if ((rc = cn_server_open(&srv, &so, e, t, &card, &err))) {
         fprintf(stderr, "cairn: %s\n", err.msg);

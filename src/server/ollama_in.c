@@ -99,6 +99,10 @@ int cn_req_render_chat(const cn_api_env *env, cn_job *j, const cn_chat *chat, cn
     if (rc) return chat_error(rc, &err, r);
     j->parse = 1;
     j->thinking = cn_chat_thinking(chat, 1);
+    if (env->canned_after_tool && chat->messages[chat->n_messages - 1].role == CN_CHAT_TOOL) {
+        j->canned = env->canned_after_tool;
+        j->ignore_eos = 1; /* as for env->canned: the canned text decides the end */
+    }
     if (chat->tools && cJSON_GetArraySize(chat->tools) > 0 &&
         !(j->tools = cJSON_Duplicate(chat->tools, 1))) {
         free(prompt);

@@ -20,6 +20,7 @@ typedef struct cn_api_env {
     const cn_text *text;
     int ctx;                /* the engine's context, tokens */
     const char *canned;     /* TESTS ONLY: see cn_server_opts.test_canned_output */
+    const char *canned_after_tool; /* TESTS ONLY: see cn_server_opts.test_canned_after_tool */
 } cn_api_env;
 
 typedef struct cn_refusal {
@@ -56,7 +57,8 @@ int cn_req_check_model(const cn_api_env *env, const cJSON *root, cn_refusal *r);
 int cn_req_set_prompt(const cn_api_env *env, cn_job *j, const char *text, size_t n,
                       cn_refusal *r);
 /* Renders a parsed chat into the job's prompt (then as cn_req_set_prompt); turns the parser on
- * with the chat's thinking mode and a copy of its tools. */
+ * with the chat's thinking mode and a copy of its tools. A chat ending in a tool result gets
+ * env->canned_after_tool as its canned text when that is set (tests only). */
 struct cn_chat;
 int cn_req_render_chat(const cn_api_env *env, cn_job *j, const struct cn_chat *chat,
                        cn_refusal *r);

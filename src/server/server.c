@@ -285,6 +285,7 @@ int cn_server_open(cn_server **out, const cn_server_opts *o, cn_engine *e, const
     s->env.text = t;
     s->env.ctx = card->ctx;
     s->env.canned = o->test_canned_output;
+    s->env.canned_after_tool = o->test_canned_after_tool;
     struct sockaddr_in a4;
     struct sockaddr_in6 a6;
     struct sockaddr *sa;

@@ -43,6 +43,9 @@ typedef struct cn_server_opts {
     const char *test_canned_output; /* TESTS ONLY: every response's text is this string, a few
                                      * bytes per generated token, instead of the decoded tokens:
                                      * how tests get tool calls out of a random model */
+    const char *test_canned_after_tool; /* TESTS ONLY: the same for a chat whose last message is a
+                                         * tool result (CAIRN_TEST_CANNED_AFTER_TOOL), so a tool
+                                         * round trip ends in a final text; NULL: as above */
 } cn_server_opts;
 
 typedef struct cn_server cn_server; /* layout: server.c */

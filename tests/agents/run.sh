@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# run.sh - runs the coding agents' end-to-end tests (node --test) for ctest; exits 77 (skipped)
+# when node or the agent CLIs are missing. CAIRN_AGENTS picks the clients (harness.mjs).
+set -u
+cd "$(dirname "$0")/../.."
+bin=tests/node_modules/.bin
+if ! command -v node >/dev/null || [ ! -e $bin/qwen ] || [ ! -e $bin/opencode ]; then
+  echo "skipped: needs node and 'npm ci --prefix tests' (the agent CLIs)"
+  exit 77
+fi
+mkdir -p "${CAIRN_TMP:-build/tmp}"
+exec node --test --test-concurrency=1 --test-timeout=300000 tests/agents/
