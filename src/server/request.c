@@ -68,11 +68,14 @@ int cn_req_set_prompt(const cn_api_env *env, cn_job *j, const char *text, size_t
     if (rc == CN_ENOMEM) return cn_refuse(r, 500, NULL, "out of memory tokenizing the prompt");
     if (rc) return cn_refuse(r, 400, NULL, "cannot tokenize the prompt: %s", err.msg);
     if (j->n_prompt == 0) return cn_refuse(r, 400, "prompt", "the prompt is empty");
-    if (j->n_prompt >= env->ctx)
-        return cn_refuse(r, 400, "messages",
-                         "the prompt is %d tokens, past the context of %d tokens (leave room for "
-                         "at least one generated token)",
-                         j->n_prompt, env->ctx);
+    if (j->n_prompt >= env->ctx) {
+        cn_refuse(r, 400, "messages",
+                  "the prompt is %d tokens, past the context of %d tokens (leave room for at least "
+                  "one generated token)",
+                  j->n_prompt, env->ctx);
+        r->code = "context_length_exceeded"; /* OpenAI's code; Codex acts on it */
+        return CN_EINVAL;
+    }
     int room = env->ctx - j->n_prompt;
     if (j->max_tokens < 0 || j->max_tokens > room) j->max_tokens = room;
     return CN_OK;
