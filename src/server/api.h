@@ -1,6 +1,7 @@
 /* api.h - the response side of each HTTP dialect: the frames a job writes into its channel.
  *
- * One table per dialect (Ollama chat, Ollama generate, OpenAI chat, OpenAI completions). The job
+ * One table per dialect (Ollama chat, Ollama generate, OpenAI chat, OpenAI completions, OpenAI
+ * responses). The job
  * calls progress/text/tool_call only for streaming requests and final for every request: a
  * non-streaming request gets its whole body from final, built from the text the job accumulated,
  * so both forms carry the same text. Each member returns 0 or the channel's error (CN_ECANCELED
@@ -33,6 +34,14 @@ const cn_api_ops *cn_api_ops_for(cn_api api);
 
 extern const cn_api_ops cn_ollama_chat_ops, cn_ollama_generate_ops;
 extern const cn_api_ops cn_openai_chat_ops, cn_openai_completions_ops;
+extern const cn_api_ops cn_responses_ops;
+
+/* Responses API streams (responses_out.c). open_stream writes response.created and
+ * response.in_progress (once); fail_stream answers a refused streaming request without the
+ * engine: the opening events, response.failed with error {code, message}, the channel closed and
+ * the job DONE. Both return 0 or the channel's code. */
+int cn_responses_open_stream(cn_job *j);
+int cn_responses_fail_stream(cn_job *j, const char *code, const char *msg);
 
 /* Helpers shared by the dialects. */
 /* Writes cJSON o compactly followed by suffix ("\n" for NDJSON, "\n\n" for SSE) after prefix

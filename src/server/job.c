@@ -52,6 +52,8 @@ void cn_job_unref(cn_job *j) {
     free(j->prompt);
     cn_stopseq_free(&j->stops);
     cJSON_Delete(j->tools);
+    cJSON_Delete(j->echo);
+    free(j->items);
     cn_constraint_free(j->constraint);
     if (j->reply_ready) cn_reply_free(&j->reply);
     free(j->content);
@@ -115,6 +117,7 @@ static int append(char **p, size_t *len, size_t *cap, const char *s, size_t n) {
 
 static int on_text(cn_job *j, int thinking, const char *s, size_t n) {
     if (n == 0) return CN_OK;
+    if (thinking) j->thinking_tokens = j->n_generated;
     int rc = thinking ? append(&j->thinking_text, &j->thinking_len, &j->thinking_cap, s, n)
                       : append(&j->content, &j->content_len, &j->content_cap, s, n);
     if (rc) return rc;
@@ -129,7 +132,8 @@ static int on_event(const cn_parse_event *ev, void *ctx) {
     j->calls = nc;
     cn_tool_call_out *c = &j->calls[j->n_calls];
     char id[64];
-    snprintf(id, sizeof id, "call_%s_%d", j->id + (strncmp(j->id, "chatcmpl-", 9) ? 0 : 9), j->n_calls);
+    const char *hex = !strncmp(j->id, "chatcmpl-", 9) ? j->id + 9 : !strncmp(j->id, "resp_", 5) ? j->id + 5 : j->id;
+    snprintf(id, sizeof id, "call_%s_%d", hex, j->n_calls);
     c->id = strdup(id);
     c->name = strdup(ev->name);
     c->arguments = strdup(ev->arguments_json);
@@ -168,6 +172,7 @@ static int cb_token(void *ctx, int32_t t) {
     run_ctx *r = ctx;
     cn_job *j = r->j;
     if (cn_job_get_state(j) == CN_JOB_PREFILL) cn_job_set_state(j, CN_JOB_DECODE);
+    j->n_generated++;
     const char *s;
     size_t n;
     int rc;

@@ -42,6 +42,7 @@ typedef enum cn_api {
     CN_API_OLLAMA_GENERATE,
     CN_API_OPENAI_CHAT,
     CN_API_OPENAI_COMPLETIONS,
+    CN_API_RESPONSES,
 } cn_api;
 
 typedef enum cn_job_state {
@@ -57,6 +58,14 @@ typedef struct cn_tool_call_out {
     char *name;
     char *arguments; /* compact JSON object text */
 } cn_tool_call_out;
+
+/* One item of a Responses API output, in output order (responses_out.c). */
+typedef struct cn_out_item {
+    char kind;         /* 'r' reasoning, 'm' message, 'f' function call */
+    int open;          /* stream: more text may join it */
+    size_t start, end; /* 'r', 'm': its text is [start, end) of the accumulated thinking or content */
+    int call;          /* 'f': index into calls */
+} cn_out_item;
 
 typedef struct cn_job {
     /* spec: written by the handler before enqueue, read-only afterwards */
@@ -82,6 +91,7 @@ typedef struct cn_job {
     const cn_text *text; /* tokenizer for decoding; not owned, outlives every job */
     const char *canned;  /* TESTS ONLY (CAIRN_TEST_CANNED_OUTPUT): text that replaces the decoded
                           * output, a few bytes per generated token; not owned */
+    cJSON *echo;    /* Responses API: the request's fields its response object repeats, owned */
 
     /* shared between the worker and the connection, under mu */
     pthread_mutex_t mu;
@@ -98,7 +108,13 @@ typedef struct cn_job {
     cn_tool_call_out *calls;
     int n_calls;
     size_t canned_pos; /* bytes of canned already handed out */
-    int sent_role;   /* OpenAI chat stream: the role delta went out */
+    int sent_role;   /* stream: the opening frame went out (OpenAI chat: the role delta;
+                      * Responses: response.created) */
+    int seq;         /* Responses stream: the next event's sequence_number */
+    cn_out_item *items; /* Responses: the output items so far */
+    int n_items;
+    int n_generated;     /* tokens generated so far */
+    int thinking_tokens; /* tokens generated up to the last piece of reasoning text */
     int stopped;     /* a stop string matched, or the canned text ran out */
     int failed;      /* out of memory or a write error while building frames */
     cn_result res;

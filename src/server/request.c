@@ -73,7 +73,7 @@ int cn_req_set_prompt(const cn_api_env *env, cn_job *j, const char *text, size_t
                   "the prompt is %d tokens, past the context of %d tokens (leave room for at least "
                   "one generated token; cairn serve --ctx N sets the context)",
                   j->n_prompt, env->ctx);
-        r->code = "context_length_exceeded"; /* OpenAI's code for this refusal */
+        r->code = "context_length_exceeded"; /* OpenAI's code; Codex acts on it */
         return CN_EINVAL;
     }
     int room = env->ctx - j->n_prompt;

@@ -2,8 +2,12 @@
  *
  * Every builder validates the whole body before it returns a job, so a refused request has
  * changed nothing: no job, no engine call, no cache entry. A refusal carries the HTTP status and
- * a message that names the field (and for a prompt past the context, both numbers). Builders run
- * on connection threads, any number at once; they read env and never write it.
+ * a message that names the field (and for a prompt past the context, both numbers and the code
+ * "context_length_exceeded"). One exception: cn_responses_request answers a streaming request
+ * whose prompt is past the context itself, since Codex reads that only as a response.failed
+ * event; it returns 0 with a job already DONE, its channel holding the whole answer, which the
+ * route streams without queueing. Builders run on connection threads, any number at once; they
+ * read env and never write it.
  */
 #ifndef CN_REQUEST_H
 #define CN_REQUEST_H
@@ -41,6 +45,8 @@ int cn_openai_chat_request(const cn_api_env *env, const char *body, size_t len, 
                            cn_refusal *r);
 int cn_openai_completions_request(const cn_api_env *env, const char *body, size_t len,
                                   cn_job **out, cn_refusal *r);
+int cn_responses_request(const cn_api_env *env, const char *body, size_t len, cn_job **out,
+                         cn_refusal *r);
 
 /* ---- shared by the builders (request.c) ---- */
 
@@ -52,7 +58,8 @@ int cn_req_parse_json(const char *body, size_t len, cJSON **root, cn_refusal *r)
 /* Checks the "model" member against the served name ("NAME" or "NAME:latest"); 400 when absent or
  * not a string, 404 when another model. */
 int cn_req_check_model(const cn_api_env *env, const cJSON *root, cn_refusal *r);
-/* Tokenizes prompt text into j->prompt, checks it fits (400 naming both numbers), and clamps
+/* Tokenizes prompt text into j->prompt, checks it fits (400 naming both numbers, code
+ * "context_length_exceeded"), and clamps
  * j->max_tokens (negative: as many as fit) to the room left. */
 int cn_req_set_prompt(const cn_api_env *env, cn_job *j, const char *text, size_t n,
                       cn_refusal *r);

@@ -41,6 +41,11 @@ static void generate(cn_server *s, const char *url, build_fn build, const char *
         answer(a, r.status, cn_route_error(url, r.status, r.msg, r.param, r.code));
         return;
     }
+    if (cn_job_get_state(j) == CN_JOB_DONE) { /* answered by its builder (request.h) */
+        a->job = j;
+        a->status = 200;
+        return;
+    }
     int pos = 0;
     int rc = cn_worker_push(&s->worker, j, &pos);
     if (rc) {
@@ -70,6 +75,7 @@ void cn_route(cn_server *s, const char *method, const char *url, const char *bod
         {"/api/generate", 1, cn_ollama_generate_request},
         {"/v1/chat/completions", 1, cn_openai_chat_request},
         {"/v1/completions", 1, cn_openai_completions_request},
+        {"/v1/responses", 1, cn_responses_request},
     };
     for (size_t i = 0; i < sizeof gen / sizeof gen[0]; i++)
         if (!strcmp(url, gen[i].path)) {
@@ -131,7 +137,8 @@ void cn_route(cn_server *s, const char *method, const char *url, const char *bod
     }
     int known = 0;
     const char *paths[] = {"/", "/api/version", "/api/tags", "/api/ps", "/v1/models", "/api/show",
-                           "/api/chat", "/api/generate", "/v1/chat/completions", "/v1/completions"};
+                           "/api/chat", "/api/generate", "/v1/chat/completions", "/v1/completions",
+                           "/v1/responses"};
     for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) known |= !strcmp(url, paths[i]);
     char msg[300];
     if (known && !strcmp(method, "OPTIONS")) {

@@ -16,6 +16,8 @@
 #include "server/request.h"
 #include "text/stopseq.h"
 
+#include <cjson/cJSON.h>
+
 /* Feeds text cut at every pair of positions; the output must be the text before the first stop. */
 static void check_stops(const char *text, const char *const *stops, int n_stops, const char *want,
                         int want_match) {
@@ -236,11 +238,151 @@ static void test_builders(void **st) {
     assert_int_equal(status_of(cn_ollama_generate_request, bad_utf8, "UTF-8"), 400);
 }
 
+/* Builds body with fn into a job (the test fails on a refusal). */
+static cn_job *build(build_fn fn, const char *body) {
+    cn_api_env env = {.model_name = "tiny", .text = g_text, .ctx = g_ctx};
+    cn_job *j = NULL;
+    cn_refusal r;
+    memset(&r, 0, sizeof r);
+    if (fn(&env, body, strlen(body), &j, &r)) fail_msg("refused (%d): %s", r.status, r.msg);
+    return j;
+}
+
+/* A Responses request renders the prompt the same conversation gives as a chat request. */
+static void same_prompt(const char *responses_body, const char *chat_body) {
+    cn_job *a = build(cn_responses_request, responses_body), *b = build(cn_openai_chat_request, chat_body);
+    assert_int_equal(a->n_prompt, b->n_prompt);
+    assert_memory_equal(a->prompt, b->prompt, (size_t)a->n_prompt * sizeof *a->prompt);
+    assert_int_equal(a->thinking, b->thinking);
+    assert_int_equal(a->tools != NULL, b->tools != NULL);
+    cn_job_unref(a);
+    cn_job_unref(b);
+}
+
+static void test_responses(void **st) {
+    (void)st;
+    g_ctx = 4096;
+    build_fn fn = cn_responses_request;
+    assert_int_equal(status_of(fn, "{\"model\":\"tiny\",\"input\":\"hi\"}", NULL), 200);
+    /* Codex's probe: no input at all */
+    assert_int_equal(status_of(fn, "{\"model\":\"tiny\",\"input\":[],\"max_output_tokens\":1}", NULL), 200);
+    assert_int_equal(status_of(fn, "{\"model\":\"tiny\"}", NULL), 200);
+    /* the conversation, item by item, as the chat request with the same turns */
+    same_prompt("{\"model\":\"tiny\",\"instructions\":\"Be brief.\",\"input\":\"hi\"}",
+                "{\"model\":\"tiny\",\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                "{\"role\":\"user\",\"content\":\"hi\"}]}");
+    same_prompt("{\"model\":\"tiny\",\"input\":[]}",
+                "{\"model\":\"tiny\",\"messages\":[{\"role\":\"system\",\"content\":\"\"}]}");
+    same_prompt("{\"model\":\"tiny\",\"store\":false,\"include\":[\"reasoning.encrypted_content\"],\"prompt_cache_key\":\"k\","
+                "\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"description\":\"F.\",\"strict\":false,"
+                "\"parameters\":{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"number\",\"minimum\":1.0}}}},"
+                "{\"type\":\"web_search\"},{\"type\":\"namespace\",\"name\":\"n\",\"tools\":[]}],"
+                "\"input\":[{\"type\":\"message\",\"role\":\"developer\",\"content\":[{\"type\":\"input_text\",\"text\":\"sys\"},"
+                "{\"type\":\"input_text\",\"text\":\"more\"}]},"
+                "{\"role\":\"user\",\"content\":\"go\"},"
+                "{\"type\":\"reasoning\",\"id\":\"rs_1\",\"summary\":[],\"content\":[{\"type\":\"reasoning_text\",\"text\":\"think\"}],"
+                "\"encrypted_content\":\"zz\"},"
+                "{\"type\":\"message\",\"role\":\"assistant\",\"content\":[{\"type\":\"output_text\",\"text\":\"ok\",\"annotations\":[]}]},"
+                "{\"type\":\"function_call\",\"call_id\":\"c1\",\"name\":\"f\",\"arguments\":\"{\\\"x\\\":2}\"},"
+                "{\"type\":\"function_call_output\",\"call_id\":\"c1\",\"output\":\"42\"},"
+                "{\"type\":\"reasoning\",\"summary\":[{\"type\":\"summary_text\",\"text\":\"s\"}]},"
+                "{\"type\":\"message\",\"role\":\"assistant\",\"content\":\"done\"},"
+                "{\"type\":\"message\",\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"again\"}]}]}",
+                "{\"model\":\"tiny\",\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":\"F.\","
+                "\"parameters\":{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"number\",\"minimum\":1.0}}}}}],"
+                "\"messages\":[{\"role\":\"system\",\"content\":\"sys\\nmore\"},{\"role\":\"user\",\"content\":\"go\"},"
+                "{\"role\":\"assistant\",\"content\":\"ok\",\"reasoning_content\":\"think\",\"tool_calls\":[{\"id\":\"c1\","
+                "\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"x\\\":2}\"}}]},"
+                "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"42\"},"
+                "{\"role\":\"assistant\",\"content\":\"done\",\"reasoning_content\":\"s\"},"
+                "{\"role\":\"user\",\"content\":\"again\"}]}");
+    /* reasoning.effort: none and minimal turn thinking off */
+    same_prompt("{\"model\":\"tiny\",\"input\":\"hi\",\"reasoning\":{\"effort\":\"minimal\"}}",
+                "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],"
+                "\"chat_template_kwargs\":{\"enable_thinking\":false}}");
+    cn_job *j = build(fn, "{\"model\":\"tiny\",\"input\":\"hi\",\"reasoning\":{\"effort\":\"none\"}}");
+    assert_int_equal(j->thinking, 0);
+    cn_job_unref(j);
+    j = build(fn, "{\"model\":\"tiny\",\"input\":\"hi\",\"reasoning\":{\"effort\":\"high\"},\"max_output_tokens\":7,"
+                  "\"temperature\":0.5,\"stream\":true}");
+    assert_int_equal(j->thinking, 1);
+    assert_int_equal(j->max_tokens, 7);
+    assert_true(j->stream && j->sampling.temperature == 0.5f);
+    char buf[4096];
+    long n = cn_chan_read(&j->chan, buf, sizeof buf - 1, 10); /* the stream opened at build time */
+    assert_true(n > 0);
+    buf[n] = '\0';
+    assert_non_null(strstr(buf, "event: response.created\ndata: {\"type\":\"response.created\",\"sequence_number\":0"));
+    assert_non_null(strstr(buf, "event: response.in_progress"));
+    assert_int_equal(cn_job_get_state(j), CN_JOB_QUEUED);
+    cn_job_unref(j);
+    /* the function tools only, in the chat shape */
+    j = build(fn, "{\"model\":\"tiny\",\"input\":\"hi\",\"tools\":[{\"type\":\"custom\",\"name\":\"apply_patch\"},"
+                  "{\"type\":\"function\",\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"properties\":{}}}],"
+                  "\"tool_choice\":{\"type\":\"function\",\"name\":\"f\"}}");
+    assert_int_equal(cJSON_GetArraySize(j->tools), 1);
+    assert_string_equal(cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(j->tools, 0), "function"), "name")->valuestring, "f");
+    assert_non_null(j->constraint);
+    cn_job_unref(j);
+    j = build(fn, "{\"model\":\"tiny\",\"input\":\"hi\",\"tools\":[{\"type\":\"function\",\"name\":\"f\"}],\"tool_choice\":\"none\"}");
+    assert_null(j->tools);
+    cn_job_unref(j);
+    j = build(fn, "{\"model\":\"tiny\",\"input\":\"hi\",\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"p\",\"strict\":true,"
+                  "\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"}}}}}}");
+    assert_non_null(j->constraint);
+    cn_job_unref(j);
+    /* refusals, each naming its field */
+    assert_int_equal(status_of(fn, "{\"model\":\"tiny\",\"input\":\"hi\",\"previous_response_id\":\"resp_1\"}",
+                               "previous_response_id is not supported"), 400);
+    assert_int_equal(status_of(fn, "{\"model\":\"tiny\",\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_image\","
+                                   "\"image_url\":\"data:x\"}]}]}", "input[0].content[0]: input_image"), 400);
+    assert_int_equal(status_of(fn, "{\"model\":\"tiny\",\"input\":[{\"role\":\"critic\",\"content\":\"x\"}]}", "critic"), 400);
+    assert_int_equal(status_of(fn, "{\"model\":\"tiny\",\"input\":[{\"type\":\"item_reference\",\"id\":\"x\"}]}", "item_reference"), 400);
+    assert_int_equal(status_of(fn, "{\"model\":\"tiny\",\"input\":[{\"type\":\"function_call\",\"name\":\"f\",\"arguments\":7}]}",
+                               "input[0].arguments"), 400);
+    assert_int_equal(status_of(fn, "{\"model\":\"tiny\",\"input\":[{\"type\":\"function_call\",\"name\":\"f\",\"arguments\":\"[1]\"}]}",
+                               "not an object"), 400);
+    assert_int_equal(status_of(fn, "{\"model\":\"tiny\",\"input\":7}", "input must be"), 400);
+    assert_int_equal(status_of(fn, "{\"model\":\"tiny\",\"input\":\"x\",\"reasoning\":{\"effort\":\"max\"}}", "reasoning.effort"), 400);
+    assert_int_equal(status_of(fn, "{\"model\":\"tiny\",\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_schema\"}}}", "text.format"), 400);
+    assert_int_equal(status_of(fn, "{\"model\":\"tiny\",\"input\":\"x\",\"tool_choice\":\"required\"}", "no tools"), 400);
+    assert_int_equal(status_of(fn, "{\"model\":\"other\",\"input\":\"x\"}", "not found"), 404);
+    /* past the context: 400 with OpenAI's code, or, streaming, response.failed without the engine */
+    g_ctx = 256;
+    char *big = malloc(8192);
+    strcpy(big, "{\"model\":\"tiny\",\"input\":\"");
+    for (int i = 0; i < 600; i++) strcat(big, "zq ");
+    strcat(big, "\"}");
+    cn_api_env env = {.model_name = "tiny", .text = g_text, .ctx = g_ctx};
+    cn_refusal r;
+    memset(&r, 0, sizeof r);
+    j = NULL;
+    assert_int_equal(fn(&env, big, strlen(big), &j, &r), CN_EINVAL);
+    assert_null(j);
+    assert_string_equal(r.code, "context_length_exceeded");
+    assert_string_equal(r.param, "input");
+    big[strlen(big) - 1] = '\0';
+    strcat(big, ",\"stream\":true}");
+    assert_int_equal(fn(&env, big, strlen(big), &j, &r), 0);
+    assert_int_equal(cn_job_get_state(j), CN_JOB_DONE);
+    char all[16384];
+    size_t at = 0;
+    while ((n = cn_chan_read(&j->chan, all + at, sizeof all - 1 - at, 10)) > 0) at += (size_t)n;
+    assert_int_equal(n, -1); /* closed */
+    all[at] = '\0';
+    assert_non_null(strstr(all, "event: response.created"));
+    assert_non_null(strstr(all, "event: response.failed\ndata: {\"type\":\"response.failed\",\"sequence_number\":2"));
+    assert_non_null(strstr(all, "\"error\":{\"code\":\"context_length_exceeded\",\"message\":\"the prompt is"));
+    cn_job_unref(j);
+    free(big);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stopseq),
         cmocka_unit_test(test_chan),
         cmocka_unit_test(test_builders),
+        cmocka_unit_test(test_responses),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
