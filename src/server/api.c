@@ -12,6 +12,7 @@ const cn_api_ops *cn_api_ops_for(cn_api api) {
     case CN_API_OLLAMA_GENERATE: return &cn_ollama_generate_ops;
     case CN_API_OPENAI_CHAT: return &cn_openai_chat_ops;
     case CN_API_OPENAI_COMPLETIONS: return &cn_openai_completions_ops;
+    case CN_API_ANTHROPIC: return &cn_anthropic_ops;
     }
     return &cn_ollama_chat_ops;
 }

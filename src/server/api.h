@@ -1,9 +1,9 @@
 /* api.h - the response side of each HTTP dialect: the frames a job writes into its channel.
  *
- * One table per dialect (Ollama chat, Ollama generate, OpenAI chat, OpenAI completions). The job
- * calls progress/text/tool_call only for streaming requests and final for every request: a
- * non-streaming request gets its whole body from final, built from the text the job accumulated,
- * so both forms carry the same text. Each member returns 0 or the channel's error (CN_ECANCELED
+ * One table per dialect (Ollama chat, Ollama generate, OpenAI chat, OpenAI completions, Anthropic
+ * messages). The job calls progress/text/tool_call only for streaming requests and final for
+ * every request: a non-streaming request gets its whole body from final, built from the text the
+ * job accumulated, so both forms carry the same text. Each member returns 0 or the channel's error (CN_ECANCELED
  * when the client left), never blocks, and never reads the engine.
  */
 #ifndef CN_API_H
@@ -33,6 +33,7 @@ const cn_api_ops *cn_api_ops_for(cn_api api);
 
 extern const cn_api_ops cn_ollama_chat_ops, cn_ollama_generate_ops;
 extern const cn_api_ops cn_openai_chat_ops, cn_openai_completions_ops;
+extern const cn_api_ops cn_anthropic_ops;
 
 /* Helpers shared by the dialects. */
 /* Writes cJSON o compactly followed by suffix ("\n" for NDJSON, "\n\n" for SSE) after prefix

@@ -129,7 +129,10 @@ static int on_event(const cn_parse_event *ev, void *ctx) {
     j->calls = nc;
     cn_tool_call_out *c = &j->calls[j->n_calls];
     char id[64];
-    snprintf(id, sizeof id, "call_%s_%d", j->id + (strncmp(j->id, "chatcmpl-", 9) ? 0 : 9), j->n_calls);
+    if (j->api == CN_API_ANTHROPIC) /* "toolu_" ids, as Anthropic's clients expect */
+        snprintf(id, sizeof id, "toolu_%s_%d", j->id + (strncmp(j->id, "msg_", 4) ? 0 : 4), j->n_calls);
+    else
+        snprintf(id, sizeof id, "call_%s_%d", j->id + (strncmp(j->id, "chatcmpl-", 9) ? 0 : 9), j->n_calls);
     c->id = strdup(id);
     c->name = strdup(ev->name);
     c->arguments = strdup(ev->arguments_json);

@@ -42,6 +42,7 @@ typedef enum cn_api {
     CN_API_OLLAMA_GENERATE,
     CN_API_OPENAI_CHAT,
     CN_API_OPENAI_COMPLETIONS,
+    CN_API_ANTHROPIC, /* /v1/messages */
 } cn_api;
 
 typedef enum cn_job_state {
@@ -53,7 +54,7 @@ typedef enum cn_job_state {
 } cn_job_state;
 
 typedef struct cn_tool_call_out {
-    char *id;        /* "call_..." */
+    char *id;        /* "call_..." ("toolu_..." for Anthropic) */
     char *name;
     char *arguments; /* compact JSON object text */
 } cn_tool_call_out;
@@ -64,7 +65,7 @@ typedef struct cn_job {
     int stream;        /* 1: frames as text arrives; 0: one JSON body at the end */
     int include_usage; /* OpenAI stream_options.include_usage */
     char *model;       /* served name, echoed in every frame */
-    char id[48];       /* "chatcmpl-…" / "cmpl-…" */
+    char id[48];       /* "chatcmpl-…" / "cmpl-…" / "msg_…" */
     int64_t created;   /* unix seconds at arrival */
     double t_arrival;  /* monotonic ms at arrival, for total_duration */
     int32_t *prompt;   /* [n_prompt] token ids */
@@ -98,7 +99,9 @@ typedef struct cn_job {
     cn_tool_call_out *calls;
     int n_calls;
     size_t canned_pos; /* bytes of canned already handed out */
-    int sent_role;   /* OpenAI chat stream: the role delta went out */
+    int sent_role;   /* OpenAI chat stream: the role delta went out; Anthropic: message_start */
+    int n_blocks;    /* Anthropic stream: content blocks started */
+    int open_block;  /* Anthropic stream: the open block (0 none, 1 thinking, 2 text) */
     int stopped;     /* a stop string matched, or the canned text ran out */
     int failed;      /* out of memory or a write error while building frames */
     cn_result res;

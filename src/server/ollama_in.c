@@ -123,6 +123,7 @@ int cn_ollama_chat_request(const cn_api_env *env, const char *body, size_t len, 
         rc = cn_refuse(r, 500, NULL, "out of memory");
         goto out;
     }
+    if ((rc = cn_req_echo_model(env, j, root, r))) goto out;
     const cJSON *fmt;
     if ((rc = common(j, root, &fmt, r))) goto out;
     cn_err err;
@@ -171,6 +172,7 @@ int cn_ollama_generate_request(const cn_api_env *env, const char *body, size_t l
         rc = cn_refuse(r, 500, NULL, "out of memory");
         goto out;
     }
+    if ((rc = cn_req_echo_model(env, j, root, r))) goto out;
     const cJSON *fmt;
     if ((rc = common(j, root, &fmt, r))) goto out;
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(root, "prompt");

@@ -77,6 +77,7 @@ static int begin(const cn_api_env *env, cn_api api, const char *body, size_t len
     if ((rc = cn_req_check_model(env, *root, r))) return rc;
     if (!(*j = cn_req_new_job(env, api, api == CN_API_OPENAI_CHAT ? "chatcmpl-" : "cmpl-")))
         return cn_refuse(r, 500, NULL, "out of memory");
+    if ((rc = cn_req_echo_model(env, *j, *root, r))) return rc;
     return sampling(*j, *root, r);
 }
 

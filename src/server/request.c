@@ -3,6 +3,7 @@
 
 #include "text/pyjson.h"
 
+#include <fnmatch.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -47,17 +48,41 @@ int cn_req_parse_json(const char *body, size_t len, cJSON **root, cn_refusal *r)
     return CN_OK;
 }
 
+int cn_req_model_served(const cn_api_env *env, const char *s) {
+    size_t n = strlen(env->model_name);
+    if (!strcmp(s, env->model_name) || (!strncmp(s, env->model_name, n) && !strcmp(s + n, ":latest")))
+        return 1;
+    for (int i = 0; i < env->n_aliases; i++)
+        if (!fnmatch(env->aliases[i], s, 0)) return 2;
+    return 0;
+}
+
 int cn_req_check_model(const cn_api_env *env, const cJSON *root, cn_refusal *r) {
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "model");
     if (!m || cJSON_IsNull(m)) return cn_refuse(r, 400, "model", "model is required");
     if (!cJSON_IsString(m)) return cn_refuse(r, 400, "model", "model must be a string");
-    size_t n = strlen(env->model_name);
-    const char *s = m->valuestring;
-    if (!strcmp(s, env->model_name) || (!strncmp(s, env->model_name, n) && !strcmp(s + n, ":latest")))
-        return CN_OK;
-    cn_refuse(r, 404, "model", "model '%.200s' not found; this server serves '%.200s'", s,
-              env->model_name);
+    if (cn_req_model_served(env, m->valuestring)) return CN_OK;
+    char also[256] = "";
+    size_t at = 0;
+    for (int i = 0; i < env->n_aliases && at < sizeof also; i++) {
+        int w = snprintf(also + at, sizeof also - at, "%s'%.60s'", i ? ", " : " (and names matching ",
+                         env->aliases[i]);
+        at += w > 0 ? (size_t)w : 0;
+    }
+    if (env->n_aliases && at < sizeof also) snprintf(also + at, sizeof also - at, ")");
+    cn_refuse(r, 404, "model", "model '%.200s' not found; this server serves '%.200s'%s",
+              m->valuestring, env->model_name, also);
     return CN_ENOENT;
+}
+
+int cn_req_echo_model(const cn_api_env *env, cn_job *j, const cJSON *root, cn_refusal *r) {
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "model");
+    if (!cJSON_IsString(m) || cn_req_model_served(env, m->valuestring) != 2) return CN_OK;
+    char *name = strdup(m->valuestring);
+    if (!name) return cn_refuse(r, 500, NULL, "out of memory");
+    free(j->model);
+    j->model = name;
+    return CN_OK;
 }
 
 int cn_req_set_prompt(const cn_api_env *env, cn_job *j, const char *text, size_t n,

@@ -17,6 +17,9 @@
 
 typedef struct cn_api_env {
     const char *model_name; /* served name */
+    const char *const *aliases; /* [n_aliases] glob patterns ('*' matches any run) of other names
+                                 * the served model answers to, e.g. "claude-*" */
+    int n_aliases;
     const cn_text *text;
     int ctx;                /* the engine's context, tokens */
     const char *canned;     /* TESTS ONLY: see cn_server_opts.test_canned_output */
@@ -40,6 +43,12 @@ int cn_openai_chat_request(const cn_api_env *env, const char *body, size_t len, 
                            cn_refusal *r);
 int cn_openai_completions_request(const cn_api_env *env, const char *body, size_t len,
                                   cn_job **out, cn_refusal *r);
+int cn_anthropic_messages_request(const cn_api_env *env, const char *body, size_t len,
+                                  cn_job **out, cn_refusal *r);
+/* /v1/messages/count_tokens: the same body (max_tokens not needed) rendered and tokenized, no job;
+ * *n_tokens: the prompt's length, even past the context. Returns 0 or a refusal as above. */
+int cn_anthropic_count_tokens(const cn_api_env *env, const char *body, size_t len, int *n_tokens,
+                              cn_refusal *r);
 
 /* ---- shared by the builders (request.c) ---- */
 
@@ -48,9 +57,15 @@ int cn_refuse(cn_refusal *r, int status, const char *param, const char *fmt, ...
     __attribute__((format(printf, 4, 5)));
 /* Parses body as a JSON object; refuses invalid UTF-8 and invalid JSON. Caller deletes *root. */
 int cn_req_parse_json(const char *body, size_t len, cJSON **root, cn_refusal *r);
-/* Checks the "model" member against the served name ("NAME" or "NAME:latest"); 400 when absent or
- * not a string, 404 when another model. */
+/* Whether name is served: 1 as the served name ("NAME" or "NAME:latest"), 2 through an alias,
+ * 0 not at all. */
+int cn_req_model_served(const cn_api_env *env, const char *name);
+/* Checks the "model" member against the served name and the aliases; 400 when absent or not a
+ * string, 404 (naming what is served) when another model. */
 int cn_req_check_model(const cn_api_env *env, const cJSON *root, cn_refusal *r);
+/* After cn_req_check_model: a request that named the model through an alias gets that name echoed
+ * in its responses (j->model), as the client asked. Returns 0 or CN_ENOMEM (r filled). */
+int cn_req_echo_model(const cn_api_env *env, cn_job *j, const cJSON *root, cn_refusal *r);
 /* Tokenizes prompt text into j->prompt, checks it fits (400 naming both numbers), and clamps
  * j->max_tokens (negative: as many as fit) to the room left. */
 int cn_req_set_prompt(const cn_api_env *env, cn_job *j, const char *text, size_t n,
