@@ -145,8 +145,9 @@ static int result_text(const cJSON *blk, const char *where, int k, cn_strbuf *b,
     return CN_OK;
 }
 
-/* (2): a user message's blocks into user and tool turns. */
-static int read_user(const cJSON *content, const char *where, cn_chat *c, int *cap, cn_refusal *r) {
+/* (2): a user (or system) message's blocks into turns of that role and tool turns. */
+static int read_user(const cJSON *content, cn_chat_role role, const char *where, cn_chat *c,
+                     int *cap, cn_refusal *r) {
     cn_strbuf text = CN_STRBUF_INIT, res = CN_STRBUF_INIT;
     int has_text = 0, added = 0, rc = CN_OK, k = 0;
     for (const cJSON *blk = content->child; blk; blk = blk->next, k++) {
@@ -170,7 +171,7 @@ static int read_user(const cJSON *content, const char *where, cn_chat *c, int *c
                 rc = cn_refuse(r, 400, "messages", "%s.content[%d].tool_use_id must be a string", where, k);
                 break;
             }
-            if (has_text && (rc = add_text_message(c, cap, CN_CHAT_USER, &text, r))) break;
+            if (has_text && (rc = add_text_message(c, cap, role, &text, r))) break;
             has_text = 0;
             if ((rc = result_text(blk, where, k, &res, r))) break;
             if ((rc = add_text_message(c, cap, CN_CHAT_TOOL, &res, r))) break;
@@ -185,7 +186,7 @@ static int read_user(const cJSON *content, const char *where, cn_chat *c, int *c
             break;
         }
     }
-    if (!rc && (has_text || !added)) rc = add_text_message(c, cap, CN_CHAT_USER, &text, r);
+    if (!rc && (has_text || !added)) rc = add_text_message(c, cap, role, &text, r);
     cn_strbuf_free(&text);
     cn_strbuf_free(&res);
     return rc;
@@ -277,7 +278,7 @@ static int read_messages(const cJSON *root, cn_chat *c, int *cap, cn_refusal *r)
         if (!cJSON_IsArray(content))
             return cn_refuse(r, 400, "messages", "%s.content must be a string or an array of "
                              "content blocks", where);
-        rc = asst ? read_assistant(content, where, c, cap, r) : read_user(content, where, c, cap, r);
+        rc = asst ? read_assistant(content, where, c, cap, r) : read_user(content, cr, where, c, cap, r);
         if (rc) return rc;
     }
     return CN_OK;

@@ -286,3 +286,25 @@ test('--alias: other names are served by the loaded model and echoed', async () 
     body: JSON.stringify({ model: 'claude-x', stream: false, messages: ask, options: { num_predict: 1 } }) });
   assert.equal((await ol.json()).model, 'claude-x');
 });
+
+test('Claude Code\'s own requests (tests/data/server/claude-code) are accepted and counted', async () => {
+  const { readFileSync } = await import('node:fs');
+  const load = (n) => JSON.parse(readFileSync(new URL(`../data/server/claude-code/turn${n}.json`, import.meta.url)));
+  const counts = [];
+  for (const n of [1, 2]) {
+    const body = load(n);
+    const r = await fetch(srv.url + '/v1/messages/count_tokens?beta=true', {
+      method: 'POST', body: JSON.stringify(body),
+      headers: { authorization: `Bearer ${KEY}`, 'anthropic-version': '2023-06-01', 'anthropic-beta': 'claude-code-20250219' },
+    });
+    assert.equal(r.status, 200);
+    counts.push((await r.json()).input_tokens);
+  }
+  assert.ok(counts[1] > counts[0] && counts[0] > 4096, JSON.stringify(counts));
+  // past the served context the request itself is refused, naming both numbers
+  const r = await fetch(srv.url + '/v1/messages?beta=true', { method: 'POST', body: JSON.stringify(load(1)), headers: { 'x-api-key': KEY } });
+  assert.equal(r.status, 400);
+  const e = await r.json();
+  assert.equal(e.error.type, 'invalid_request_error');
+  assert.match(e.error.message, new RegExp(`${counts[0]} tokens, past the context of 4096`));
+});
