@@ -7,7 +7,8 @@
  *       request) is left out, up to its first newline, so the prefix cache hits from token 0.
  *   (2) A user message's text blocks are a user turn and its tool_result blocks tool turns, in
  *       order (text before a result ends a user turn there). A result's content is a string or
- *       text blocks; is_error prefixes it with "Error: ".
+ *       text blocks (and tool_reference blocks, as their tool's name), joined with "\n";
+ *       is_error prefixes it with "Error: ".
  *   (3) An assistant message's text blocks are its content, its thinking blocks its reasoning and
  *       its tool_use blocks its calls (input: an object); redacted_thinking holds no text and is
  *       dropped.
@@ -131,14 +132,16 @@ static int result_text(const cJSON *blk, const char *where, int k, cn_strbuf *b,
         if (!cJSON_IsString(t))
             return cn_refuse(r, 400, "messages", "%s.content[%d].content[%d].type must be a "
                              "string", where, k, i);
-        if (strcmp(t->valuestring, "text")) {
+        if (!strcmp(t->valuestring, "tool_reference") && cJSON_IsString(get(x, "tool_name"))) {
+            tx = get(x, "tool_name"); /* a tool search's answer: the tool's name */
+        } else if (strcmp(t->valuestring, "text")) {
             char w[96];
             snprintf(w, sizeof w, "%s.content[%d]", where, k);
             return refuse_block(w, i, t->valuestring, r);
-        }
-        if (!cJSON_IsString(tx))
+        } else if (!cJSON_IsString(tx)) {
             return cn_refuse(r, 400, "messages", "%s.content[%d].content[%d].text must be a "
                              "string", where, k, i);
+        }
         if (i) cn_strbuf_putc(b, '\n');
         cn_strbuf_puts(b, tx->valuestring);
     }

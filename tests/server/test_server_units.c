@@ -319,6 +319,21 @@ static void test_anthropic(void **st) {
     assert_int_equal(cn_anthropic_count_tokens(&small, b3, strlen(b3), &n, &r), 0);
     assert_true(n > 8);
 
+    /* a tool_result's blocks: text and tool references joined, is_error marked; the same prompt
+     * as a string result saying so */
+    const char *rb = "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\","
+                     "\"is_error\":true,\"content\":%s}]}]}";
+    snprintf(b1, sizeof b1, rb, "[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"tool_reference\",\"tool_name\":\"Bash\"}]");
+    snprintf(b2, sizeof b2, rb, "\"a\\nBash\"");
+    snprintf(b3, sizeof b3, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"tool\",\"content\":\"Error: a\\nBash\"}]}");
+    j1 = anthropic_job(&env, b1), j2 = anthropic_job(&env, b2);
+    assert_same_prompt(j1, j2);
+    assert_int_equal(cn_openai_chat_request(&env, b3, strlen(b3), &o, &r), 0);
+    assert_same_prompt(j1, o);
+    cn_job_unref(j1);
+    cn_job_unref(j2);
+    cn_job_unref(o);
+
     /* aliases: served and echoed; other names 404 naming what is there */
     const char *pats[] = {"claude-*"};
     cn_api_env al = env;
