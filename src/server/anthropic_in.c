@@ -171,7 +171,8 @@ static int read_user(const cJSON *content, cn_chat_role role, const char *where,
         } else if (!strcmp(t->valuestring, "tool_result")) {
             const cJSON *id = get(blk, "tool_use_id");
             if (id && !cJSON_IsString(id)) {
-                rc = cn_refuse(r, 400, "messages", "%s.content[%d].tool_use_id must be a string", where, k);
+                rc = cn_refuse(r, 400, "messages", "%s.content[%d].tool_use_id must be a string",
+                               where, k);
                 break;
             }
             if (has_text && (rc = add_text_message(c, cap, role, &text, r))) break;
@@ -200,7 +201,8 @@ static int read_assistant(const cJSON *content, const char *where, cn_chat *c, i
                           cn_refusal *r) {
     int n_calls = 0, k = 0;
     for (const cJSON *blk = content->child; blk; blk = blk->next)
-        n_calls += cJSON_IsString(get(blk, "type")) && !strcmp(get(blk, "type")->valuestring, "tool_use");
+        n_calls += cJSON_IsString(get(blk, "type")) &&
+                   !strcmp(get(blk, "type")->valuestring, "tool_use");
     cn_chat_message *m = add_message(c, cap, CN_CHAT_ASSISTANT);
     if (!m) return oom(r);
     if (n_calls && !(m->tool_calls = calloc((size_t)n_calls, sizeof *m->tool_calls))) return oom(r);
@@ -281,7 +283,8 @@ static int read_messages(const cJSON *root, cn_chat *c, int *cap, cn_refusal *r)
         if (!cJSON_IsArray(content))
             return cn_refuse(r, 400, "messages", "%s.content must be a string or an array of "
                              "content blocks", where);
-        rc = asst ? read_assistant(content, where, c, cap, r) : read_user(content, cr, where, c, cap, r);
+        rc = asst ? read_assistant(content, where, c, cap, r)
+                  : read_user(content, cr, where, c, cap, r);
         if (rc) return rc;
     }
     return CN_OK;
@@ -321,8 +324,10 @@ static int read_tools(const cJSON *root, cn_chat *c, cn_strbuf *skipped, cn_refu
         if (!ok) cJSON_Delete(ft);
         ok = ok && cJSON_AddStringToObject(ft, "type", "function") &&
              cJSON_AddStringToObject(fn, "name", name->valuestring) &&
-             (!cJSON_IsString(desc) || cJSON_AddItemToObject(fn, "description", cJSON_Duplicate(desc, 1))) &&
-             (!cJSON_IsObject(schema) || cJSON_AddItemToObject(fn, "parameters", cJSON_Duplicate(schema, 1)));
+             (!cJSON_IsString(desc) ||
+              cJSON_AddItemToObject(fn, "description", cJSON_Duplicate(desc, 1))) &&
+             (!cJSON_IsObject(schema) ||
+              cJSON_AddItemToObject(fn, "parameters", cJSON_Duplicate(schema, 1)));
         if (!ok) {
             cJSON_Delete(out);
             return oom(r);
@@ -413,8 +418,8 @@ static int build(const cn_api_env *env, const char *body, size_t len, int count,
     cn_chat chat;
     memset(&chat, 0, sizeof chat);
     chat.opts = (cn_chat_opts){-1, -1, 1, -1, -1};
-    int cap = 0, no_tools, force, think;
-    const char *only;
+    int cap = 0, no_tools = 0, force = 0, think = -1; /* set by the readers below */
+    const char *only = NULL;
     cn_strbuf skipped = CN_STRBUF_INIT;
     cn_job *j = NULL;
     cn_api_env counting;
