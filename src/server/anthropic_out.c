@@ -12,7 +12,9 @@
  * its whole arguments in one input_json_delta; (3) message_start goes out at the first progress,
  * text or call, so its usage knows the cached tokens; (4) ping events are the idle bytes and the
  * prefill progress (clients skip them); (5) an error is an `error` event in a stream and
- * {type: "error", error: {type, message}} as a body.
+ * {type: "error", error: {type, message}} as a body. stop_reason: tool_use when calls were made,
+ * stop_sequence (naming it), max_tokens, model_context_window_exceeded when max_tokens had been
+ * cut to the room the context leaves, else end_turn.
  * usage: input_tokens are the prompt tokens evaluated by this request, cache_read_input_tokens
  * the ones restored from the prefix cache (together the prompt), cache_creation_input_tokens 0.
  */
@@ -52,7 +54,8 @@ static cJSON *usage(const cn_job *j) {
 static const char *stop_reason(const cn_job *j) {
     if (j->n_calls) return "tool_use";
     if (j->stops.matched) return "stop_sequence";
-    if (j->res.stop == CN_STOP_LENGTH) return "max_tokens";
+    if (j->res.stop == CN_STOP_LENGTH) /* the context, not the client's max_tokens, ended it */
+        return j->room_bound ? "model_context_window_exceeded" : "max_tokens";
     return "end_turn";
 }
 

@@ -71,6 +71,7 @@ typedef struct cn_job {
     int32_t *prompt;   /* [n_prompt] token ids */
     int n_prompt;
     int max_tokens;
+    int room_bound; /* max_tokens was cut to the room the context leaves (cn_req_set_prompt) */
     int ignore_eos; /* OpenAI extension (vLLM): generate max_tokens whatever the model says */
     int no_speculate; /* Ollama options.speculate = false: decode plainly (same output) */
     cn_sampler_params sampling;

@@ -99,7 +99,7 @@ int cn_req_set_prompt(const cn_api_env *env, cn_job *j, const char *text, size_t
                          "at least one generated token)",
                          j->n_prompt, env->ctx);
     int room = env->ctx - j->n_prompt;
-    if (j->max_tokens < 0 || j->max_tokens > room) j->max_tokens = room;
+    if (j->max_tokens < 0 || j->max_tokens > room) j->max_tokens = room, j->room_bound = 1;
     return CN_OK;
 }
 

@@ -67,7 +67,7 @@ int cn_req_check_model(const cn_api_env *env, const cJSON *root, cn_refusal *r);
  * in its responses (j->model), as the client asked. Returns 0 or CN_ENOMEM (r filled). */
 int cn_req_echo_model(const cn_api_env *env, cn_job *j, const cJSON *root, cn_refusal *r);
 /* Tokenizes prompt text into j->prompt, checks it fits (400 naming both numbers), and clamps
- * j->max_tokens (negative: as many as fit) to the room left. */
+ * j->max_tokens (negative: as many as fit) to the room left (then j->room_bound = 1). */
 int cn_req_set_prompt(const cn_api_env *env, cn_job *j, const char *text, size_t n,
                       cn_refusal *r);
 /* Renders a parsed chat into the job's prompt (then as cn_req_set_prompt); turns the parser on

@@ -129,6 +129,26 @@ test('non-streaming and streaming give the same text; events in order; SDK accum
     whole.usage.input_tokens + whole.usage.cache_read_input_tokens, 'the same prompt in all');
 });
 
+test('max_tokens past the room left: the context ends the answer, and says so', async () => {
+  // the canned answer (~50 tokens, end of sequence ignored) outlasts a room of 5..30 tokens
+  let lo = 10, hi = 4000, messages, room;
+  for (let i = 0; i < 20; i++) {
+    const mid = (lo + hi) >> 1;
+    messages = [{ role: 'user', content: longText(mid, 31) }];
+    room = 4096 - (await cclient.messages.countTokens({ model: MODEL, messages })).input_tokens;
+    if (room > 30) lo = mid + 1;
+    else if (room < 5) hi = mid - 1;
+    else break;
+  }
+  assert.ok(room >= 5 && room <= 30, `room ${room}`);
+  const r = await cclient.messages.create({ model: MODEL, max_tokens: 8000, messages });
+  assert.equal(r.stop_reason, 'model_context_window_exceeded');
+  assert.equal(r.usage.output_tokens, room);
+  const short = await cclient.messages.create({ model: MODEL, max_tokens: 2, messages });
+  assert.equal(short.stop_reason, 'max_tokens');
+  assert.equal(short.usage.output_tokens, 2);
+});
+
 test('pings keep a long prefill alive; message_start comes first', async () => {
   const evs = await rawEvents(srv.url + '/v1/messages?beta=true', {
     model: MODEL, max_tokens: 1, messages: [{ role: 'user', content: longText(400, 21) }],

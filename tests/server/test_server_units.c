@@ -279,6 +279,7 @@ static void test_anthropic(void **st) {
     assert_same_prompt(a, o);
     assert_int_equal(a->api, CN_API_ANTHROPIC);
     assert_int_equal(a->max_tokens, 64);
+    assert_int_equal(a->room_bound, 0);
     assert_int_equal(cJSON_GetArraySize(a->tools), 1); /* the server tool is left out */
     cn_job_unref(a);
     cn_job_unref(o);
@@ -293,7 +294,8 @@ static void test_anthropic(void **st) {
     cn_job *j1 = anthropic_job(&env, b1), *j2 = anthropic_job(&env, b2), *j3 = anthropic_job(&env, b3);
     assert_same_prompt(j1, j2);
     assert_same_prompt(j1, j3);
-    assert_int_equal(j1->max_tokens, 4096 < g_ctx - j1->n_prompt ? 4096 : g_ctx - j1->n_prompt);
+    assert_int_equal(j1->max_tokens, g_ctx - j1->n_prompt); /* 4096 by default, cut to the room */
+    assert_int_equal(j1->room_bound, 1);
     cn_job_unref(j1);
     cn_job_unref(j2);
     cn_job_unref(j3);
