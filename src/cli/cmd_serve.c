@@ -1,5 +1,5 @@
-/* cmd_serve.c - `cairn serve`: load one model and serve the Ollama and OpenAI APIs until SIGINT
- * or SIGTERM.
+/* cmd_serve.c - `cairn serve`: load one model and serve the Ollama, OpenAI and Anthropic APIs
+ * until SIGINT or SIGTERM.
  *
  * The signals are blocked before any thread starts and taken with sigwait() here, so no handler
  * and no global flag is needed; every server thread inherits the blocked mask. The listening
@@ -75,6 +75,22 @@ static int print_ready(const char *host, int port, const char *url, const char *
     return ok ? CN_OK : CN_EIO;
 }
 
+/* --alias PATTERN=MODEL: the patterns into pats (copies of at most 255 bytes), MODEL checked
+ * against the served name. Returns 0 or 2 (message printed). */
+static int read_aliases(const cn_flag_list *l, const char *name, char pats[][256], const char **out) {
+    for (int i = 0; i < l->n; i++) {
+        const char *eq = strrchr(l->v[i], '=');
+        if (!eq || eq == l->v[i] || strcmp(eq + 1, name) || eq - l->v[i] > 255) {
+            fprintf(stderr, "cairn: --alias %s: give PATTERN=%s (PATTERN: a model name, '*' matches "
+                            "any run; the model: the one served)\n", l->v[i], name);
+            return 2;
+        }
+        snprintf(pats[i], 256, "%.*s", (int)(eq - l->v[i]), l->v[i]);
+        out[i] = pats[i];
+    }
+    return 0;
+}
+
 int cn_cmd_serve(int argc, char **argv) {
     const char *model = NULL, *name = NULL, *host = NULL, *api_key = NULL, *cache_dir = NULL;
     const char *backend = NULL;
@@ -83,6 +99,9 @@ int cn_cmd_serve(int argc, char **argv) {
     uint64_t max_body = 32u << 20;
     cn_engine_opts eo = {.cache = {.pre_end = 4}};
     uint64_t cache_gpu = CN_CLI_UNSET;
+    cn_flag_list alias = {{0}, 0};
+    char alias_pat[CN_FLAG_LIST_MAX][256];
+    const char *alias_v[CN_FLAG_LIST_MAX];
     cn_flag flags[] = {
         {"model", CN_FLAG_STR, &model, "DIR", "model directory (default: $CAIRN_MODEL, else " CN_CLI_DEFAULT_MODEL ")", 0, 0},
         {"name", CN_FLAG_STR, &name, "NAME", "served model name (default: the directory's basename)", 0, 0},
@@ -93,7 +112,8 @@ int cn_cmd_serve(int argc, char **argv) {
         {"cache-gpu", CN_FLAG_SIZE, &cache_gpu, "SIZE", CN_CLI_CACHE_GPU_HELP, 0, 0},
         {"cache-dir", CN_FLAG_STR, &cache_dir, "DIR", "disk tier for restore points (survives restarts)", 0, 0},
         {"cache-disk", CN_FLAG_SIZE, &eo.disk_budget, "SIZE", "disk for restore points (default 16G)", 0, 0},
-        {"api-key", CN_FLAG_STR, &api_key, "KEY", "require Authorization: Bearer KEY", 0, 0},
+        {"api-key", CN_FLAG_STR, &api_key, "KEY", "require Authorization: Bearer KEY (or x-api-key: KEY)", 0, 0},
+        {"alias", CN_FLAG_LIST, &alias, "PATTERN=MODEL", "serve requests for names matching PATTERN ('claude-*') with the model (repeatable)", 0, 0},
         {"max-queue", CN_FLAG_INT, &max_queue, "N", "requests that may wait before 503 (default 64)", 0, 0},
         {"finish-cancelled", CN_FLAG_FLOAT, &finish_cancelled, "SECONDS",
          "keep prefilling a prompt whose client left, while idle, up to SECONDS (default 120; 0: off)", 0, 0},
@@ -150,6 +170,7 @@ int cn_cmd_serve(int argc, char **argv) {
         base_name(model, name_buf, sizeof name_buf);
         name = name_buf;
     }
+    if (read_aliases(&alias, name, alias_pat, alias_v)) return 2;
 
     /* SIGINT/SIGTERM are taken by sigwait below; block them before any thread exists. */
     sigset_t sigs, old;
@@ -230,6 +251,8 @@ int cn_cmd_serve(int argc, char **argv) {
         .host = host,
         .port = port,
         .api_key = api_key,
+        .aliases = alias_v,
+        .n_aliases = alias.n,
         .max_body = (size_t)max_body,
         .max_queue = max_queue,
         .finish_cancelled_s = finish_cancelled,

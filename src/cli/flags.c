@@ -46,6 +46,12 @@ static int set_value(cn_flag *fl, const char *v) {
     }
     case CN_FLAG_BOOL:
         return -1;
+    case CN_FLAG_LIST: {
+        cn_flag_list *l = fl->dst;
+        if (l->n >= CN_FLAG_LIST_MAX) return -1;
+        l->v[l->n++] = v;
+        return 0;
+    }
     case CN_FLAG_SIZE: {
         if (*v == '-') return -1;
         double x = strtod(v, &end);
@@ -106,7 +112,8 @@ static int parse(cn_flag *flags, int argc, char **argv, const char *synopsis, ch
         cn_flag *fl = flags;
         while (fl->name && !(strlen(fl->name) == len && !strncmp(fl->name, name, len))) fl++;
         if (!fl->name) return usage_error(flags, synopsis, "unknown option '%s'%s", arg, "");
-        if (fl->seen) return usage_error(flags, synopsis, "option --%s given twice%s", fl->name, "");
+        if (fl->seen && fl->type != CN_FLAG_LIST)
+            return usage_error(flags, synopsis, "option --%s given twice%s", fl->name, "");
         fl->seen = 1;
         if (fl->type == CN_FLAG_BOOL) {
             if (eq) return usage_error(flags, synopsis, "option --%s takes no value%s", fl->name, "");
@@ -118,6 +125,8 @@ static int parse(cn_flag *flags, int argc, char **argv, const char *synopsis, ch
             if (i + 1 >= argc) return usage_error(flags, synopsis, "option --%s needs a value%s", fl->name, "");
             v = argv[++i];
         }
+        if (fl->type == CN_FLAG_LIST && ((cn_flag_list *)fl->dst)->n >= CN_FLAG_LIST_MAX)
+            return usage_error(flags, synopsis, "option --%s given more than 16 times%s", fl->name, "");
         if (set_value(fl, v) != 0)
             return usage_error(flags, synopsis, "invalid value '%s' for --%s", v, fl->name);
     }

@@ -3,7 +3,7 @@
  * A command declares a table of flags, each bound to a variable; cn_flags_parse fills them from
  * argv (`--name value` or `--name=value`; bools take no value); cn_flags_parse_pos also collects
  * positional arguments. Unknown flags, missing values,
- * malformed numbers, repeated flags and missing required flags are usage errors: the parser prints
+ * malformed numbers, repeated flags (but a list's) and missing required flags are usage errors: the parser prints
  * one line naming the problem and the command's usage to stderr and returns CN_EUSAGE. It never
  * exits and never allocates (string values point into argv).
  */
@@ -20,7 +20,16 @@ typedef enum cn_flag_type {
     CN_FLAG_FLOAT, /* float * */
     CN_FLAG_BOOL,  /* int *, set to 1 when present */
     CN_FLAG_SIZE,  /* uint64_t * bytes: "1048576", "512K", "64M", "4G", "1T" (powers of 1024) */
+    CN_FLAG_LIST,  /* cn_flag_list *: every value of a flag that may be repeated, in order */
 } cn_flag_type;
+
+#define CN_FLAG_LIST_MAX 16
+
+/* The values of a repeatable flag (more than CN_FLAG_LIST_MAX is a usage error). */
+typedef struct cn_flag_list {
+    const char *v[CN_FLAG_LIST_MAX];
+    int n;
+} cn_flag_list;
 
 typedef struct cn_flag {
     const char *name; /* without the leading "--"; NULL ends the table */

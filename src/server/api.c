@@ -13,6 +13,7 @@ const cn_api_ops *cn_api_ops_for(cn_api api) {
     case CN_API_OPENAI_CHAT: return &cn_openai_chat_ops;
     case CN_API_OPENAI_COMPLETIONS: return &cn_openai_completions_ops;
     case CN_API_RESPONSES: return &cn_responses_ops;
+    case CN_API_ANTHROPIC: return &cn_anthropic_ops;
     }
     return &cn_ollama_chat_ops;
 }

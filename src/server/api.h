@@ -1,10 +1,10 @@
 /* api.h - the response side of each HTTP dialect: the frames a job writes into its channel.
  *
  * One table per dialect (Ollama chat, Ollama generate, OpenAI chat, OpenAI completions, OpenAI
- * responses). The job
- * calls progress/text/tool_call only for streaming requests and final for every request: a
- * non-streaming request gets its whole body from final, built from the text the job accumulated,
- * so both forms carry the same text. Each member returns 0 or the channel's error (CN_ECANCELED
+ * responses, Anthropic messages). The job calls progress/text/tool_call only for streaming
+ * requests and final for every request: a non-streaming request gets its whole body from final,
+ * built from the text the job accumulated, so both forms carry the same text. Each member returns
+ * 0 or the channel's error (CN_ECANCELED
  * when the client left), never blocks, and never reads the engine.
  */
 #ifndef CN_API_H
@@ -34,6 +34,7 @@ const cn_api_ops *cn_api_ops_for(cn_api api);
 
 extern const cn_api_ops cn_ollama_chat_ops, cn_ollama_generate_ops;
 extern const cn_api_ops cn_openai_chat_ops, cn_openai_completions_ops;
+extern const cn_api_ops cn_anthropic_ops;
 extern const cn_api_ops cn_responses_ops;
 
 /* Responses API streams (responses_out.c). open_stream writes response.created and

@@ -132,8 +132,12 @@ static int on_event(const cn_parse_event *ev, void *ctx) {
     j->calls = nc;
     cn_tool_call_out *c = &j->calls[j->n_calls];
     char id[64];
-    const char *hex = !strncmp(j->id, "chatcmpl-", 9) ? j->id + 9 : !strncmp(j->id, "resp_", 5) ? j->id + 5 : j->id;
-    snprintf(id, sizeof id, "call_%s_%d", hex, j->n_calls);
+    const char *hex = !strncmp(j->id, "chatcmpl-", 9) ? j->id + 9
+                      : !strncmp(j->id, "resp_", 5)  ? j->id + 5
+                      : !strncmp(j->id, "msg_", 4)   ? j->id + 4
+                                                     : j->id;
+    /* "toolu_" ids for Anthropic's clients, "call_" for the others */
+    snprintf(id, sizeof id, "%s_%s_%d", j->api == CN_API_ANTHROPIC ? "toolu" : "call", hex, j->n_calls);
     c->id = strdup(id);
     c->name = strdup(ev->name);
     c->arguments = strdup(ev->arguments_json);

@@ -43,6 +43,7 @@ typedef enum cn_api {
     CN_API_OPENAI_CHAT,
     CN_API_OPENAI_COMPLETIONS,
     CN_API_RESPONSES,
+    CN_API_ANTHROPIC, /* /v1/messages */
 } cn_api;
 
 typedef enum cn_job_state {
@@ -54,7 +55,7 @@ typedef enum cn_job_state {
 } cn_job_state;
 
 typedef struct cn_tool_call_out {
-    char *id;        /* "call_..." */
+    char *id;        /* "call_..." ("toolu_..." for Anthropic) */
     char *name;
     char *arguments; /* compact JSON object text */
 } cn_tool_call_out;
@@ -73,12 +74,13 @@ typedef struct cn_job {
     int stream;        /* 1: frames as text arrives; 0: one JSON body at the end */
     int include_usage; /* OpenAI stream_options.include_usage */
     char *model;       /* served name, echoed in every frame */
-    char id[48];       /* "chatcmpl-…" / "cmpl-…" */
+    char id[48];       /* "chatcmpl-…" / "cmpl-…" / "msg_…" */
     int64_t created;   /* unix seconds at arrival */
     double t_arrival;  /* monotonic ms at arrival, for total_duration */
     int32_t *prompt;   /* [n_prompt] token ids */
     int n_prompt;
     int max_tokens;
+    int room_bound; /* max_tokens was cut to the room the context leaves (cn_req_set_prompt) */
     int ignore_eos; /* OpenAI extension (vLLM): generate max_tokens whatever the model says */
     int no_speculate; /* Ollama options.speculate = false: decode plainly (same output) */
     cn_sampler_params sampling;
@@ -109,12 +111,14 @@ typedef struct cn_job {
     int n_calls;
     size_t canned_pos; /* bytes of canned already handed out */
     int sent_role;   /* stream: the opening frame went out (OpenAI chat: the role delta;
-                      * Responses: response.created) */
+                      * Responses: response.created; Anthropic: message_start) */
     int seq;         /* Responses stream: the next event's sequence_number */
     cn_out_item *items; /* Responses: the output items so far */
     int n_items;
     int n_generated;     /* tokens generated so far */
     int thinking_tokens; /* tokens generated up to the last piece of reasoning text */
+    int n_blocks;    /* Anthropic stream: content blocks started */
+    int open_block;  /* Anthropic stream: the open block (0 none, 1 thinking, 2 text) */
     int stopped;     /* a stop string matched, or the canned text ran out */
     int failed;      /* out of memory or a write error while building frames */
     cn_result res;

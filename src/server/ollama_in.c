@@ -123,7 +123,7 @@ int cn_ollama_chat_request(const cn_api_env *env, const char *body, size_t len, 
     memset(&chat, 0, sizeof chat);
     cn_job *j = NULL;
     if ((rc = cn_req_check_model(env, root, r))) goto out;
-    if (!(j = cn_req_new_job(env, CN_API_OLLAMA_CHAT, "chat-"))) {
+    if (!(j = cn_req_new_job(env, root, CN_API_OLLAMA_CHAT, "chat-"))) {
         rc = cn_refuse(r, 500, NULL, "out of memory");
         goto out;
     }
@@ -171,7 +171,7 @@ int cn_ollama_generate_request(const cn_api_env *env, const char *body, size_t l
         (rc = refuse_nonempty(root, "context", "send the conversation again; the prefix cache "
                                                "makes that cheap", r)))
         goto out;
-    if (!(j = cn_req_new_job(env, CN_API_OLLAMA_GENERATE, "gen-"))) {
+    if (!(j = cn_req_new_job(env, root, CN_API_OLLAMA_GENERATE, "gen-"))) {
         rc = cn_refuse(r, 500, NULL, "out of memory");
         goto out;
     }

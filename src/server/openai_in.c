@@ -75,7 +75,7 @@ static int begin(const cn_api_env *env, cn_api api, const char *body, size_t len
     int rc = cn_req_parse_json(body, len, root, r);
     if (rc) return rc;
     if ((rc = cn_req_check_model(env, *root, r))) return rc;
-    if (!(*j = cn_req_new_job(env, api, api == CN_API_OPENAI_CHAT ? "chatcmpl-" : "cmpl-")))
+    if (!(*j = cn_req_new_job(env, *root, api, api == CN_API_OPENAI_CHAT ? "chatcmpl-" : "cmpl-")))
         return cn_refuse(r, 500, NULL, "out of memory");
     return sampling(*j, *root, r);
 }

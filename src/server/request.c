@@ -3,6 +3,7 @@
 
 #include "text/pyjson.h"
 
+#include <fnmatch.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -47,16 +48,30 @@ int cn_req_parse_json(const char *body, size_t len, cJSON **root, cn_refusal *r)
     return CN_OK;
 }
 
+int cn_req_model_served(const cn_api_env *env, const char *s) {
+    size_t n = strlen(env->model_name);
+    if (!strcmp(s, env->model_name) || (!strncmp(s, env->model_name, n) && !strcmp(s + n, ":latest")))
+        return 1;
+    for (int i = 0; i < env->n_aliases; i++)
+        if (!fnmatch(env->aliases[i], s, 0)) return 2;
+    return 0;
+}
+
 int cn_req_check_model(const cn_api_env *env, const cJSON *root, cn_refusal *r) {
     const cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "model");
     if (!m || cJSON_IsNull(m)) return cn_refuse(r, 400, "model", "model is required");
     if (!cJSON_IsString(m)) return cn_refuse(r, 400, "model", "model must be a string");
-    size_t n = strlen(env->model_name);
-    const char *s = m->valuestring;
-    if (!strcmp(s, env->model_name) || (!strncmp(s, env->model_name, n) && !strcmp(s + n, ":latest")))
-        return CN_OK;
-    cn_refuse(r, 404, "model", "model '%.200s' not found; this server serves '%.200s'", s,
-              env->model_name);
+    if (cn_req_model_served(env, m->valuestring)) return CN_OK;
+    char also[256] = "";
+    size_t at = 0;
+    for (int i = 0; i < env->n_aliases && at < sizeof also; i++) {
+        int w = snprintf(also + at, sizeof also - at, "%s'%.60s'", i ? ", " : " (and names matching ",
+                         env->aliases[i]);
+        at += w > 0 ? (size_t)w : 0;
+    }
+    if (env->n_aliases && at < sizeof also) snprintf(also + at, sizeof also - at, ")");
+    cn_refuse(r, 404, "model", "model '%.200s' not found; this server serves '%.200s'%s",
+              m->valuestring, env->model_name, also);
     return CN_ENOENT;
 }
 
@@ -77,7 +92,7 @@ int cn_req_set_prompt(const cn_api_env *env, cn_job *j, const char *text, size_t
         return CN_EINVAL;
     }
     int room = env->ctx - j->n_prompt;
-    if (j->max_tokens < 0 || j->max_tokens > room) j->max_tokens = room;
+    if (j->max_tokens < 0 || j->max_tokens > room) j->max_tokens = room, j->room_bound = 1;
     return CN_OK;
 }
 
@@ -133,7 +148,7 @@ int cn_req_stops(cn_job *j, const cJSON *stop, const char *param, int max, cn_re
     return CN_OK;
 }
 
-cn_job *cn_req_new_job(const cn_api_env *env, cn_api api, const char *id_prefix) {
+cn_job *cn_req_new_job(const cn_api_env *env, const cJSON *root, cn_api api, const char *id_prefix) {
     cn_job *j = cn_job_new();
     if (!j) return NULL;
     j->api = api;
@@ -147,7 +162,9 @@ cn_job *cn_req_new_job(const cn_api_env *env, cn_api api, const char *id_prefix)
         rnd[0] = (uint64_t)(cn_now_ms() * 1e3), rnd[1] = (uint64_t)(uintptr_t)j;
     j->sampling.seed = rnd[0];
     snprintf(j->id, sizeof j->id, "%s%016llx", id_prefix, (unsigned long long)rnd[1]);
-    if (!(j->model = strdup(env->model_name))) {
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(root, "model");
+    int aliased = cJSON_IsString(m) && cn_req_model_served(env, m->valuestring) == 2;
+    if (!(j->model = strdup(aliased ? m->valuestring : env->model_name))) {
         cn_job_unref(j);
         return NULL;
     }

@@ -21,6 +21,9 @@
 
 typedef struct cn_api_env {
     const char *model_name; /* served name */
+    const char *const *aliases; /* [n_aliases] glob patterns ('*' matches any run) of other names
+                                 * the served model answers to, e.g. "claude-*" */
+    int n_aliases;
     const cn_text *text;
     int ctx;                /* the engine's context, tokens */
     const char *canned;     /* TESTS ONLY: see cn_server_opts.test_canned_output */
@@ -47,6 +50,12 @@ int cn_openai_completions_request(const cn_api_env *env, const char *body, size_
                                   cn_job **out, cn_refusal *r);
 int cn_responses_request(const cn_api_env *env, const char *body, size_t len, cn_job **out,
                          cn_refusal *r);
+int cn_anthropic_messages_request(const cn_api_env *env, const char *body, size_t len,
+                                  cn_job **out, cn_refusal *r);
+/* /v1/messages/count_tokens: the same body (max_tokens not needed) rendered and tokenized, no job;
+ * *n_tokens: the prompt's length, even past the context. Returns 0 or a refusal as above. */
+int cn_anthropic_count_tokens(const cn_api_env *env, const char *body, size_t len, int *n_tokens,
+                              cn_refusal *r);
 
 /* ---- shared by the builders (request.c) ---- */
 
@@ -55,12 +64,15 @@ int cn_refuse(cn_refusal *r, int status, const char *param, const char *fmt, ...
     __attribute__((format(printf, 4, 5)));
 /* Parses body as a JSON object; refuses invalid UTF-8 and invalid JSON. Caller deletes *root. */
 int cn_req_parse_json(const char *body, size_t len, cJSON **root, cn_refusal *r);
-/* Checks the "model" member against the served name ("NAME" or "NAME:latest"); 400 when absent or
- * not a string, 404 when another model. */
+/* Whether name is served: 1 as the served name ("NAME" or "NAME:latest"), 2 through an alias,
+ * 0 not at all. */
+int cn_req_model_served(const cn_api_env *env, const char *name);
+/* Checks the "model" member against the served name and the aliases; 400 when absent or not a
+ * string, 404 (naming what is served) when another model. */
 int cn_req_check_model(const cn_api_env *env, const cJSON *root, cn_refusal *r);
 /* Tokenizes prompt text into j->prompt, checks it fits (400 naming both numbers, code
- * "context_length_exceeded"), and clamps
- * j->max_tokens (negative: as many as fit) to the room left. */
+ * "context_length_exceeded"), and clamps j->max_tokens (negative: as many as fit) to the room left
+ * (then j->room_bound = 1). */
 int cn_req_set_prompt(const cn_api_env *env, cn_job *j, const char *text, size_t n,
                       cn_refusal *r);
 /* Renders a parsed chat into the job's prompt (then as cn_req_set_prompt); turns the parser on
@@ -80,7 +92,9 @@ int cn_req_number(const cJSON *o, const char *key, double lo, double hi, double 
                   cn_refusal *r);
 /* Adds stop strings from a string or an array of strings (at most max); refuses other types. */
 int cn_req_stops(cn_job *j, const cJSON *stop, const char *param, int max, cn_refusal *r);
-/* A fresh job with model name, id (prefix + random hex) and a random seed. NULL: out of memory. */
-cn_job *cn_req_new_job(const cn_api_env *env, cn_api api, const char *id_prefix);
+/* A fresh job with model name, id (prefix + random hex) and a random seed. Call after
+ * cn_req_check_model: a request that named the model through an alias gets that name in its
+ * responses (j->model), as the client asked; otherwise the served name. NULL: out of memory. */
+cn_job *cn_req_new_job(const cn_api_env *env, const cJSON *root, cn_api api, const char *id_prefix);
 
 #endif

@@ -507,7 +507,7 @@ int cn_responses_request(const cn_api_env *env, const char *body, size_t len, cn
     char *text = NULL;
     size_t tlen = 0;
     if ((rc = cn_req_check_model(env, root, r))) goto out;
-    if (!(j = cn_req_new_job(env, CN_API_RESPONSES, "resp_"))) {
+    if (!(j = cn_req_new_job(env, root, CN_API_RESPONSES, "resp_"))) {
         rc = OOM(r);
         goto out;
     }

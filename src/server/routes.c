@@ -6,9 +6,30 @@
 #include "server/info.h"
 #include "server/server_impl.h"
 
+/* Anthropic's error types by status. */
+static const char *anthropic_type(int status) {
+    switch (status) {
+    case 400: case 405: case 422: return "invalid_request_error";
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: return "not_found_error";
+    case 413: return "request_too_large";
+    case 429: return "rate_limit_error";
+    case 503: case 529: return "overloaded_error";
+    default: return status < 500 ? "invalid_request_error" : "api_error";
+    }
+}
+
 cJSON *cn_route_error(const char *url, int status, const char *msg, const char *param,
                       const char *code) {
     cJSON *o = cJSON_CreateObject();
+    if (!strncmp(url, "/v1/messages", 12) && (!url[12] || url[12] == '/')) {
+        cJSON_AddStringToObject(o, "type", "error");
+        cJSON *e = cJSON_AddObjectToObject(o, "error");
+        cJSON_AddStringToObject(e, "type", anthropic_type(status));
+        cJSON_AddStringToObject(e, "message", msg);
+        return o;
+    }
     if (strncmp(url, "/v1/", 4)) {
         cJSON_AddStringToObject(o, "error", msg);
         return o;
@@ -76,6 +97,7 @@ void cn_route(cn_server *s, const char *method, const char *url, const char *bod
         {"/v1/chat/completions", 1, cn_openai_chat_request},
         {"/v1/completions", 1, cn_openai_completions_request},
         {"/v1/responses", 1, cn_responses_request},
+        {"/v1/messages", 1, cn_anthropic_messages_request},
     };
     for (size_t i = 0; i < sizeof gen / sizeof gen[0]; i++)
         if (!strcmp(url, gen[i].path)) {
@@ -83,6 +105,18 @@ void cn_route(cn_server *s, const char *method, const char *url, const char *bod
             generate(s, url, gen[i].build, body, len, a);
             return;
         }
+    if (post && !strcmp(url, "/v1/messages/count_tokens")) { /* rendered and counted, no job */
+        cn_refusal r = {0};
+        int n = 0;
+        if (cn_anthropic_count_tokens(&s->env, body, len, &n, &r)) {
+            answer(a, r.status, cn_route_error(url, r.status, r.msg, r.param, r.code));
+            return;
+        }
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "input_tokens", n);
+        answer(a, 200, o);
+        return;
+    }
     if (get && !strcmp(url, "/")) {
         answer(a, 200, cJSON_CreateString("cairn is running"));
         return;
@@ -106,7 +140,7 @@ void cn_route(cn_server *s, const char *method, const char *url, const char *bod
         return;
     }
     if (get && !strncmp(url, "/v1/models/", 11)) {
-        if (!strcmp(url + 11, s->card.name)) {
+        if (!strcmp(url + 11, s->card.name) || cn_req_model_served(&s->env, url + 11) == 2) {
         answer(a, 200, cn_info_model(&s->card));
         return;
     }
@@ -138,7 +172,7 @@ void cn_route(cn_server *s, const char *method, const char *url, const char *bod
     int known = 0;
     const char *paths[] = {"/", "/api/version", "/api/tags", "/api/ps", "/v1/models", "/api/show",
                            "/api/chat", "/api/generate", "/v1/chat/completions", "/v1/completions",
-                           "/v1/responses"};
+                           "/v1/responses", "/v1/messages", "/v1/messages/count_tokens"};
     for (size_t i = 0; i < sizeof paths / sizeof paths[0]; i++) known |= !strcmp(url, paths[i]);
     char msg[300];
     if (known && !strcmp(method, "OPTIONS")) {

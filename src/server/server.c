@@ -195,8 +195,11 @@ static int key_equal(const char *a, const char *b) {
     return d == 0 && na == nb;
 }
 
+/* Authorization: Bearer KEY, or Anthropic's x-api-key: KEY. */
 static int authorized(cn_server *s, struct MHD_Connection *c, const char *url) {
     if (!s->o.api_key || !strcmp(url, "/")) return 1;
+    const char *x = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+    if (x && key_equal(x, s->o.api_key)) return 1;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
     if (!h || strncasecmp(h, "Bearer ", 7)) return 0;
     h += 7;
@@ -282,6 +285,7 @@ int cn_server_open(cn_server **out, const cn_server_opts *o, cn_engine *e, const
     if (s->o.header_timeout_s <= 0) s->o.header_timeout_s = 30;
     s->card = *card;
     s->env.model_name = card->name;
+    s->env.aliases = o->aliases, s->env.n_aliases = o->n_aliases;
     s->env.text = t;
     s->env.ctx = card->ctx;
     s->env.canned = o->test_canned_output;

@@ -1,4 +1,4 @@
-/* server.h - `cairn serve`: the Ollama and OpenAI HTTP APIs over one loaded model.
+/* server.h - `cairn serve`: the Ollama, OpenAI and Anthropic HTTP APIs over one loaded model.
  *
  * libmicrohttpd accepts connections, one thread each; a handler reads the body, validates it into
  * a job (request.h), queues it (worker.h) and returns; the job streams its frames through a
@@ -33,7 +33,11 @@ typedef struct cn_model_card {
 typedef struct cn_server_opts {
     const char *host;          /* bind address, "127.0.0.1" by default */
     int port;                  /* 0: any free port (cn_server_port says which) */
-    const char *api_key;       /* NULL: no auth; else every API request needs Bearer KEY */
+    const char *api_key;       /* NULL: no auth; else every API request needs Bearer KEY (or
+                                * x-api-key: KEY) */
+    const char *const *aliases; /* [n_aliases] glob patterns of other model names served by the
+                                 * loaded model (request.h); not copied, must outlive the server */
+    int n_aliases;
     size_t max_body;           /* request bodies above this get 413 (0: 32 MiB) */
     int max_queue;             /* waiting requests before 503 (0: 64) */
     double finish_cancelled_s; /* see worker.h (4); negative: default 120 */

@@ -31,7 +31,8 @@ typedef struct cn_route_answer {
 /* Decides what method + url + body get. Never blocks on the engine. */
 void cn_route(cn_server *s, const char *method, const char *url, const char *body, size_t len,
               cn_route_answer *a);
-/* The error body in the dialect of url (OpenAI's shape under /v1/, Ollama's elsewhere). */
+/* The error body in the dialect of url: Anthropic's {type: "error", error: {type, message}}
+ * under /v1/messages, OpenAI's shape elsewhere under /v1/, Ollama's elsewhere. */
 cJSON *cn_route_error(const char *url, int status, const char *msg, const char *param,
                       const char *code);
 

@@ -59,12 +59,14 @@ int cn_stopseq_feed(cn_stopseq *m, const char *text, size_t n, const char **out,
     size_t len = m->held_len + n;
     /* earliest match over every stop string */
     size_t first = len;
+    int which = -1;
     for (int i = 0; i < m->n; i++) {
         char *p = memmem(m->held, len, m->s[i], strlen(m->s[i]));
-        if (p && (size_t)(p - m->held) < first) first = (size_t)(p - m->held);
+        if (p && (size_t)(p - m->held) < first) first = (size_t)(p - m->held), which = i;
     }
     if (first < len) {
         m->matched = 1;
+        m->which = which;
         m->held_len = 0;
         *out = m->held;
         *out_len = first;

@@ -5,7 +5,8 @@
  * is a prefix of one (so at most the longest stop string minus one byte). It promises:
  *   (1) The text passed on is exactly the input up to (not including) the earliest match, or all
  *       of it when nothing matched, however the input was cut.
- *   (2) After a match, everything is dropped.
+ *   (2) After a match, everything is dropped, and `which` names the stop string that matched
+ *       (APIs that report it, as Anthropic's stop_sequence does).
  * It never allocates after init except to grow the held tail, and never exits.
  */
 #ifndef CN_TEXT_STOPSEQ_H
@@ -21,6 +22,8 @@ typedef struct cn_stopseq {
     char *out;   /* the bytes handed out by the last feed */
     size_t out_cap;
     int matched; /* 1 once a stop string matched */
+    int which;   /* after a match: the index in s of the stop string that matched (the earliest
+                  * match; at one position, the first added) */
 } cn_stopseq;
 
 /* Adds a copy of stop string s (empty strings are ignored). Returns 0 or CN_ENOMEM. */

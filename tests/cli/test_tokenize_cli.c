@@ -195,6 +195,29 @@ static void test_flags_positional(void **state) {
     assert_int_equal(cn_flags_parse(flags, 3, argv2, "x"), CN_EUSAGE);
 }
 
+/* A list flag takes every repeat in order; past CN_FLAG_LIST_MAX is a usage error. */
+static void test_flags_list(void **state) {
+    (void)state;
+    cn_flag_list l = {{0}, 0};
+    const char *s = NULL;
+    cn_flag flags[] = {
+        {"alias", CN_FLAG_LIST, &l, "P=M", "", 0, 0},
+        {"name", CN_FLAG_STR, &s, "NAME", "", 0, 0},
+        {NULL, 0, NULL, NULL, NULL, 0, 0},
+    };
+    char *argv[] = {"serve", "--alias", "a*=m", "--name", "m", "--alias=b=m", NULL};
+    assert_int_equal(cn_flags_parse(flags, 6, argv, "x"), 0);
+    assert_int_equal(l.n, 2);
+    assert_string_equal(l.v[0], "a*=m");
+    assert_string_equal(l.v[1], "b=m");
+    char *twice[] = {"serve", "--name", "a", "--name", "b", NULL};
+    assert_int_equal(cn_flags_parse(flags, 5, twice, "x"), CN_EUSAGE);
+    char *many[2 * CN_FLAG_LIST_MAX + 4] = {"serve"};
+    for (int i = 0; i <= CN_FLAG_LIST_MAX; i++) many[1 + 2 * i] = "--alias", many[2 + 2 * i] = "x=m";
+    l.n = 0;
+    assert_int_equal(cn_flags_parse(flags, 3 + 2 * CN_FLAG_LIST_MAX, many, "x"), CN_EUSAGE);
+}
+
 int main(void) {
     const char *base = getenv("CAIRN_TMP");
     snprintf(g_tmp, sizeof g_tmp, "%s/tokenize_cli", base ? base : "/tmp");
@@ -210,6 +233,7 @@ int main(void) {
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_flags_positional),
+        cmocka_unit_test(test_flags_list),
         cmocka_unit_test(test_roundtrip_synthetic),
         cmocka_unit_test(test_real_tokenizer),
         cmocka_unit_test(test_errors),

@@ -1,6 +1,7 @@
-/* fuzz_request.c - libFuzzer target for the server's request parsers: the five request builders
- * (Ollama chat and generate, OpenAI chat, completions and responses) and /api/show's model check, over the
- * synthetic tokenizer. The first byte picks the parser, the rest is the body. A builder must
+/* fuzz_request.c - libFuzzer target for the server's request parsers: the six request builders
+ * (Ollama chat and generate, OpenAI chat, completions and responses, Anthropic messages) and
+ * /api/show's model check, over the synthetic tokenizer. The first byte picks the parser, the rest
+ * is the body. A builder must
  * return a job or a refusal with a 4xx/5xx status and a message, never crash or leak.
  * Built with clang only: cmake -DCMAKE_C_COMPILER=clang -DCAIRN_FUZZ=ON (see CMakeLists.txt). */
 #include <assert.h>
@@ -34,11 +35,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 1) return 0;
     static const build_fn fns[] = {cn_ollama_chat_request, cn_ollama_generate_request,
                                    cn_openai_chat_request, cn_openai_completions_request, NULL,
-                                   cn_responses_request};
-    cn_api_env env = {.model_name = "tiny", .text = g_text, .ctx = 512};
+                                   cn_responses_request, cn_anthropic_messages_request};
+    static const char *const aliases[] = {"claude-*"};
+    cn_api_env env = {.model_name = "tiny", .text = g_text, .ctx = 512, .aliases = aliases, .n_aliases = 1};
     const char *body = (const char *)data + 1;
     size_t len = size - 1;
-    if (data[0] % 6 == 4) { /* /api/show: JSON object + model check */
+    if (data[0] % 7 == 4) { /* /api/show: JSON object + model check */
         cn_refusal r;
         cJSON *root = NULL;
         if (!cn_req_parse_json(body, len, &root, &r)) {
@@ -50,7 +52,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     cn_job *j = NULL;
     cn_refusal r;
     memset(&r, 0, sizeof r);
-    int rc = fns[data[0] % 6](&env, body, len, &j, &r);
+    int rc = fns[data[0] % 7](&env, body, len, &j, &r);
     if (rc == 0) {
         assert(j && j->n_prompt > 0 && j->n_prompt < env.ctx && j->max_tokens >= 0);
         cn_job_unref(j);

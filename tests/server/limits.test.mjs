@@ -15,8 +15,9 @@ const auth = { Authorization: `Bearer ${KEY}` };
 before(async () => {
   // A pause between forwards (test-only) keeps requests running long enough to queue behind,
   // however fast the machine is.
-  srv = await startServer(['--api-key', KEY, '--max-body', '64K', '--max-queue', '2', '--chunk', '16',
-                           '--finish-cancelled', '0'], { CAIRN_TEST_FORWARD_DELAY_MS: '20' });
+  // --ctx 4096: the tiny model's own context (2048) is shorter than the queueing test's prompt
+  srv = await startServer(['--api-key', KEY, '--ctx', '4096', '--max-body', '64K', '--max-queue', '2',
+                           '--chunk', '16', '--finish-cancelled', '0'], { CAIRN_TEST_FORWARD_DELAY_MS: '20' });
   ollama = new Ollama({ host: srv.url, headers: auth });
   openai = new OpenAI({ baseURL: srv.url + '/v1', apiKey: KEY, maxRetries: 0 });
 });

@@ -3,7 +3,8 @@
 # node or the client packages are missing. CI installs both (.ci/run), so there they run.
 set -u
 cd "$(dirname "$0")/../.."
-if ! command -v node >/dev/null || [ ! -d tests/node_modules/openai ] || [ ! -d tests/node_modules/ollama ]; then
+if ! command -v node >/dev/null || [ ! -d tests/node_modules/openai ] || [ ! -d tests/node_modules/ollama ] ||
+   [ ! -d tests/node_modules/@anthropic-ai/sdk ]; then
   echo "skipped: needs node and 'npm ci --prefix tests'"
   exit 77
 fi

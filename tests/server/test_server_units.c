@@ -1,6 +1,6 @@
 /* test_server_units.c - the server's pieces without HTTP: the stop-string matcher under every
  * cut, the channel's order and end, and the request builders' refusals and jobs over the
- * synthetic tokenizer (nothing queued, nothing run). */
+ * synthetic tokenizer (nothing queued, nothing run), Anthropic's conversion included. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -64,6 +64,15 @@ static void test_stopseq(void **st) {
     check_stops("xxyz", s2, 3, "x", 1);
     const char *none[] = {""};
     check_stops("plain", none, 1, "plain", 0);
+    /* which: the stop string that matched first in the text, whatever its place in the list */
+    cn_stopseq m;
+    memset(&m, 0, sizeof m);
+    for (int i = 0; i < 3; i++) assert_int_equal(cn_stopseq_add(&m, s2[i]), 0);
+    const char *o;
+    size_t ol;
+    assert_int_equal(cn_stopseq_feed(&m, "zzxyzab", 7, &o, &ol), 1);
+    assert_int_equal(m.which, 1);
+    cn_stopseq_free(&m);
 }
 
 static void test_chan(void **st) {
@@ -377,12 +386,198 @@ static void test_responses(void **st) {
     free(big);
 }
 
+/* Builds body with the Anthropic builder; returns the job (caller unrefs) or NULL. */
+static cn_job *anthropic_job(const cn_api_env *env, const char *body) {
+    cn_job *j = NULL;
+    cn_refusal r;
+    memset(&r, 0, sizeof r);
+    if (cn_anthropic_messages_request(env, body, strlen(body), &j, &r)) fail_msg("refused: %s", r.msg);
+    return j;
+}
+
+static void assert_same_prompt(const cn_job *a, const cn_job *b) {
+    assert_int_equal(a->n_prompt, b->n_prompt);
+    assert_memory_equal(a->prompt, b->prompt, (size_t)a->n_prompt * sizeof *a->prompt);
+}
+
+static void test_anthropic(void **st) {
+    (void)st;
+    g_ctx = 4096;
+    cn_api_env env = {.model_name = "tiny", .text = g_text, .ctx = g_ctx};
+    /* a conversation with thinking, a call and its result renders as the same chat in OpenAI's
+     * shape does: the conversion loses nothing the template reads */
+    const char *an =
+        "{\"model\":\"tiny\",\"max_tokens\":64,\"system\":[{\"type\":\"text\",\"text\":\"Be brief.\"}],"
+        "\"tools\":[{\"name\":\"f\",\"description\":\"d\",\"input_schema\":{\"type\":\"object\","
+        "\"properties\":{\"x\":{\"type\":\"number\"}}}},{\"type\":\"web_search_20250305\",\"name\":\"web_search\"}],"
+        "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},"
+        "{\"role\":\"assistant\",\"content\":[{\"type\":\"thinking\",\"thinking\":\"hmm\",\"signature\":\"s\"},"
+        "{\"type\":\"text\",\"text\":\"calling\"},{\"type\":\"tool_use\",\"id\":\"toolu_1\",\"name\":\"f\",\"input\":{\"x\":1.0}}]},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"toolu_1\",\"content\":\"42\"},"
+        "{\"type\":\"text\",\"text\":\"and?\",\"cache_control\":{\"type\":\"ephemeral\"}}]}]}";
+    const char *oa =
+        "{\"model\":\"tiny\",\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+        "{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":\"calling\","
+        "\"reasoning_content\":\"hmm\",\"tool_calls\":[{\"id\":\"toolu_1\",\"type\":\"function\","
+        "\"function\":{\"name\":\"f\",\"arguments\":{\"x\":1.0}}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"toolu_1\",\"content\":\"42\"},{\"role\":\"user\",\"content\":\"and?\"}],"
+        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":\"d\","
+        "\"parameters\":{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"number\"}}}}}]}";
+    cn_job *a = anthropic_job(&env, an), *o = NULL;
+    cn_refusal r;
+    memset(&r, 0, sizeof r);
+    assert_int_equal(cn_openai_chat_request(&env, oa, strlen(oa), &o, &r), 0);
+    assert_same_prompt(a, o);
+    assert_int_equal(a->api, CN_API_ANTHROPIC);
+    assert_int_equal(a->max_tokens, 64);
+    assert_int_equal(a->room_bound, 0);
+    assert_int_equal(cJSON_GetArraySize(a->tools), 1); /* the server tool is left out */
+    cn_job_unref(a);
+    cn_job_unref(o);
+
+    /* the billing header's changing values never reach the prompt */
+    const char *fmt = "{\"model\":\"tiny\",\"system\":[%s{\"type\":\"text\",\"text\":\"S\"}],"
+                      "\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"hi\"}]}]}";
+    char b1[512], b2[512], b3[512];
+    snprintf(b1, sizeof b1, fmt, "{\"type\":\"text\",\"text\":\"x-anthropic-billing-header: cc_version=2.1; cch=a1b2c;\"},");
+    snprintf(b2, sizeof b2, fmt, "{\"type\":\"text\",\"text\":\"x-anthropic-billing-header: cc_version=2.2; cch=zzzzz;\"},");
+    snprintf(b3, sizeof b3, fmt, "");
+    cn_job *j1 = anthropic_job(&env, b1), *j2 = anthropic_job(&env, b2), *j3 = anthropic_job(&env, b3);
+    assert_same_prompt(j1, j2);
+    assert_same_prompt(j1, j3);
+    assert_int_equal(j1->max_tokens, g_ctx - j1->n_prompt); /* 4096 by default, cut to the room */
+    assert_int_equal(j1->room_bound, 1);
+    cn_job_unref(j1);
+    cn_job_unref(j2);
+    cn_job_unref(j3);
+
+    /* thinking: enabled/adaptive open the think block, disabled does not */
+    const char *th = "{\"model\":\"tiny\",\"thinking\":{\"type\":\"%s\"},\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";
+    const char *kinds[] = {"enabled", "adaptive", "disabled"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(b1, sizeof b1, th, kinds[i]);
+        cn_job *j = anthropic_job(&env, b1);
+        assert_int_equal(j->thinking, i < 2);
+        cn_job_unref(j);
+    }
+
+    /* count_tokens: the same prompt, and a count even past the context */
+    int n = 0;
+    assert_int_equal(cn_anthropic_count_tokens(&env, b3, strlen(b3), &n, &r), 0);
+    j3 = anthropic_job(&env, b3);
+    assert_int_equal(n, j3->n_prompt);
+    cn_job_unref(j3);
+    cn_api_env small = env;
+    small.ctx = 8;
+    assert_int_equal(cn_anthropic_count_tokens(&small, b3, strlen(b3), &n, &r), 0);
+    assert_true(n > 8);
+
+    /* a tool_result's blocks: text and tool references joined, is_error marked; the same prompt
+     * as a string result saying so */
+    const char *rb = "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\","
+                     "\"is_error\":true,\"content\":%s}]}]}";
+    snprintf(b1, sizeof b1, rb, "[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"tool_reference\",\"tool_name\":\"Bash\"}]");
+    snprintf(b2, sizeof b2, rb, "\"a\\nBash\"");
+    snprintf(b3, sizeof b3, "{\"model\":\"tiny\",\"messages\":[{\"role\":\"tool\",\"content\":\"Error: a\\nBash\"}]}");
+    j1 = anthropic_job(&env, b1), j2 = anthropic_job(&env, b2);
+    assert_same_prompt(j1, j2);
+    assert_int_equal(cn_openai_chat_request(&env, b3, strlen(b3), &o, &r), 0);
+    assert_same_prompt(j1, o);
+    cn_job_unref(j1);
+    cn_job_unref(j2);
+    cn_job_unref(o);
+
+    /* aliases: served and echoed; other names 404 naming what is there */
+    const char *pats[] = {"claude-*"};
+    cn_api_env al = env;
+    al.aliases = pats, al.n_aliases = 1;
+    cn_job *j = anthropic_job(&al, "{\"model\":\"claude-haiku-4-5\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}");
+    assert_string_equal(j->model, "claude-haiku-4-5");
+    assert_memory_equal(j->id, "msg_", 4);
+    cn_job_unref(j);
+    j = anthropic_job(&al, "{\"model\":\"tiny:latest\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}");
+    assert_string_equal(j->model, "tiny");
+    cn_job_unref(j);
+    assert_int_equal(cn_req_model_served(&al, "claude-"), 2);
+    assert_int_equal(cn_req_model_served(&al, "xclaude-a"), 0);
+    assert_int_equal(cn_req_model_served(&env, "claude-a"), 0);
+
+    /* refusals name the field or block */
+    struct { const char *body, *msg; int status; } bad[] = {
+        {"{\"model\":\"tiny\"}", "messages is required", 400},
+        {"{\"model\":\"tiny\",\"messages\":[]}", "at least one", 400},
+        {"{\"model\":\"nope\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", "not found", 404},
+        {"{\"model\":\"tiny\",\"messages\":[{\"role\":\"robot\",\"content\":\"hi\"}]}", "messages[0].role", 400},
+        {"{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image\",\"source\":{}}]}]}", "image blocks", 400},
+        {"{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"content\":[{\"type\":\"image\"}]}]}]}", "content[0].content[0]: image", 400},
+        {"{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"hologram\"}]}]}", "\"hologram\"", 400},
+        {"{\"model\":\"tiny\",\"messages\":[{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\",\"name\":\"f\",\"input\":[1]}]}]}", "object input", 400},
+        {"{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":7}]}", "messages[0].content", 400},
+        {"{\"model\":\"tiny\",\"system\":7,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", "system", 400},
+        {"{\"model\":\"tiny\",\"thinking\":{\"type\":\"deep\"},\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", "thinking", 400},
+        {"{\"model\":\"tiny\",\"tool_choice\":{\"type\":\"some\"},\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", "tool_choice", 400},
+        {"{\"model\":\"tiny\",\"tool_choice\":{\"type\":\"any\"},\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", "no tools", 400},
+        {"{\"model\":\"tiny\",\"temperature\":1.5,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", "temperature", 400},
+        {"{\"model\":\"tiny\",\"max_tokens\":0,\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", "max_tokens", 400},
+        {"{\"model\":\"tiny\",\"stop_sequences\":\"x\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", "stop_sequences", 400},
+        {"{\"model\":\"tiny\",\"tools\":[{\"description\":\"no name\"}],\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", "tools[0]", 400},
+        {"{\"model\":\"tiny\",\"stream\":\"yes\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", "stream", 400},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        assert_int_equal(status_of(cn_anthropic_messages_request, bad[i].body, bad[i].msg), bad[i].status);
+    g_ctx = 256;
+}
+
+static char *read_data(const char *rel) {
+    const char *dir = getenv("CAIRN_DATA");
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s", dir ? dir : "tests/data", rel);
+    FILE *f = fopen(path, "rb");
+    if (!f) fail_msg("cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    assert_non_null(b);
+    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
+    b[n] = '\0';
+    fclose(f);
+    return b;
+}
+
+/* Two turns Claude Code sent (a Bash call, then its result): both render, and the second
+ * prompt starts with the first one (its mid-conversation system message went from blocks to a
+ * string in between), so the prefix cache covers all but the generation prompt. */
+static void test_anthropic_claude_code(void **st) {
+    (void)st;
+    cn_api_env env = {.model_name = "tiny", .text = g_text, .ctx = 1 << 20};
+    const char *pats[] = {"claude-*"};
+    env.aliases = pats, env.n_aliases = 1;
+    char *b1 = read_data("server/claude-code/turn1.json"), *b2 = read_data("server/claude-code/turn2.json");
+    cn_job *j1 = anthropic_job(&env, b1), *j2 = anthropic_job(&env, b2);
+    assert_int_equal(j1->stream, 1);
+    assert_int_equal(j1->thinking, 1); /* thinking adaptive */
+    assert_string_equal(j1->model, "claude-opus-5-5");
+    assert_int_equal(cJSON_GetArraySize(j1->tools), 12);
+    assert_true(j2->n_prompt > j1->n_prompt);
+    int common = 0;
+    while (common < j1->n_prompt && j1->prompt[common] == j2->prompt[common]) common++;
+    /* what differs is the generation prompt's "<think>\n" against the turn's "<think></think>" */
+    assert_true(common >= j1->n_prompt - 4);
+    cn_job_unref(j1);
+    cn_job_unref(j2);
+    free(b1);
+    free(b2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_stopseq),
         cmocka_unit_test(test_chan),
         cmocka_unit_test(test_builders),
         cmocka_unit_test(test_responses),
+        cmocka_unit_test(test_anthropic),
+        cmocka_unit_test(test_anthropic_claude_code),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
