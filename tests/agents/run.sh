@@ -4,7 +4,7 @@
 set -u
 cd "$(dirname "$0")/../.."
 bin=tests/node_modules/.bin
-if ! command -v node >/dev/null || [ ! -e $bin/qwen ] || [ ! -e $bin/opencode ] || [ ! -e $bin/codex ]; then
+if ! command -v node >/dev/null || [ ! -e $bin/qwen ] || [ ! -e $bin/opencode ] || [ ! -e $bin/codex ] || [ ! -e $bin/claude ]; then
   echo "skipped: needs node and 'npm ci --prefix tests' (the agent CLIs)"
   exit 77
 fi
