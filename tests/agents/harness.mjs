@@ -19,8 +19,7 @@ export const TMP = path.resolve(process.env.CAIRN_TMP || 'build/tmp');
 export const MODEL_DIR = process.env.CAIRN_AGENTS_MODEL || 'models/cobble';
 export const MODEL = 'cobble';
 export const FULL = process.env.CAIRN_AGENTS_FULL === '1';
-// The clients whose endpoints cairn serves today; the others need /v1/messages (claude) and
-// /v1/responses (codex).
+// Every client by default; CAIRN_AGENTS=qwen,codex (say) runs some.
 export const DEFAULT_CLIENTS = 'qwen,opencode,codex,claude';
 const CLIENTS = (process.env.CAIRN_AGENTS || DEFAULT_CLIENTS).split(',').map((s) => s.trim());
 const NODE_BIN = path.resolve('tests/node_modules/.bin');
