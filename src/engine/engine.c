@@ -317,6 +317,11 @@ int cn_engine_generate(cn_engine *e, const cn_request *r, cn_result *res) {
         if (rc) goto close;
     }
 
+    /* The caller's marks: restore points that resist merging, captured inside the forwards. */
+    for (int i = 0; !rc && i < r->n_marks; i++)
+        if (r->marks[i] > sess.restored && r->marks[i] < n) rc = cn_pc_schedule(&sess, r->marks[i], 1);
+    if (rc) goto close;
+
     /* PREFILL: forwards end at chunk boundaries and at the spacing's restore points (the
      * cancellation points). The others (the branch point, the one before the prompt's end) are
      * captured inside a forward: cutting there would cost a pass over the weights for a few

@@ -95,6 +95,10 @@ typedef struct cn_request {
                                  * ranges are keyed by content in the cache, the model sees ids */
     int n_media;
     int no_speculate;      /* 1: decode plainly (what logprobs will need); the draft cache is kept */
+    const int *marks;      /* (optional) [n_marks] prompt offsets where a restore point is worth
+                            * having beyond the cache's own schedule (where the chat's turns
+                            * begin: a conversation's next request most often differs there) */
+    int n_marks;
     const cn_logit_mask *mask; /* (optional) applied before every sample; a masked request decodes
                                 * plainly (exactly: drafts would be verified unmasked) */
     float *draft_logits;   /* OUT (optional): [vocab] the drafter's logits at the prompt's last

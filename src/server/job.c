@@ -228,6 +228,8 @@ int cn_job_run(cn_job *j, cn_engine *e, cn_cancel_fn cancel, void *cancel_ctx) {
         .max_tokens = j->max_tokens,
         .ignore_eos = j->ignore_eos,
         .no_speculate = j->no_speculate,
+        .marks = j->marks,
+        .n_marks = j->n_marks,
         .sampling = j->sampling,
         .cancel = cb_cancel,
         .on_token = cb_token,

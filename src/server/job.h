@@ -46,6 +46,10 @@ typedef enum cn_api {
     CN_API_ANTHROPIC, /* /v1/messages */
 } cn_api;
 
+/* Turn starts marked per request: the last few, where the next request of a conversation
+ * differs (a client that edits its last user message, or moves a reminder into the new one). */
+#define CN_JOB_MARKS 4
+
 typedef enum cn_job_state {
     CN_JOB_QUEUED,
     CN_JOB_PREFILL,
@@ -79,6 +83,9 @@ typedef struct cn_job {
     double t_arrival;  /* monotonic ms at arrival, for total_duration */
     int32_t *prompt;   /* [n_prompt] token ids */
     int n_prompt;
+    int marks[CN_JOB_MARKS]; /* where the prompt's last turns begin (chat requests): restore
+                              * points, so the next turn of the conversation resumes there */
+    int n_marks;
     int max_tokens;
     int room_bound; /* max_tokens was cut to the room the context leaves (cn_req_set_prompt) */
     int ignore_eos; /* OpenAI extension (vLLM): generate max_tokens whatever the model says */

@@ -110,7 +110,17 @@ int cn_req_render_chat(const cn_api_env *env, cn_job *j, const cn_chat *chat, cn
     }
     rc = cn_req_set_prompt(env, j, prompt, len, r);
     free(prompt);
-    return rc;
+    if (rc) return rc;
+    /* the last CN_JOB_MARKS turn starts, ascending */
+    int32_t turn = cn_text_turn_token(env->text);
+    for (int i = j->n_prompt - 1; turn >= 0 && i > 0 && j->n_marks < CN_JOB_MARKS; i--)
+        if (j->prompt[i] == turn) j->marks[j->n_marks++] = i;
+    for (int a = 0, b = j->n_marks - 1; a < b; a++, b--) {
+        int t = j->marks[a];
+        j->marks[a] = j->marks[b];
+        j->marks[b] = t;
+    }
+    return CN_OK;
 }
 
 int cn_ollama_chat_request(const cn_api_env *env, const char *body, size_t len, cn_job **out,

@@ -4,7 +4,7 @@
 #include <string.h>
 
 static const cn_renderer renderers[] = {
-    {"nemotron3", cn_render_nemotron3},
+    {"nemotron3", cn_render_nemotron3, "<|im_start|>"},
 };
 
 /* config.json model_type -> renderer name. NemotronH checkpoints of the Nemotron 3 family say
@@ -32,6 +32,8 @@ const cn_renderer *cn_renderer_for_model_type(const char *model_type) {
 }
 
 const char *cn_renderer_name(const cn_renderer *r) { return r->name; }
+
+const char *cn_renderer_turn_open(const cn_renderer *r) { return r->turn_open; }
 
 const char *cn_renderer_names(void) { return "nemotron3"; }
 

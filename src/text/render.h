@@ -27,6 +27,9 @@ const cn_renderer *cn_renderer_find(const char *name);
 const cn_renderer *cn_renderer_for_model_type(const char *model_type);
 /* Its name. */
 const char *cn_renderer_name(const cn_renderer *r);
+/* The text every turn of its prompts begins with ("<|im_start|>"): where a conversation's next
+ * request may differ from this one, so where a restore point is worth having. */
+const char *cn_renderer_turn_open(const cn_renderer *r);
 /* The known renderer names, comma-separated, for messages ("nemotron3"). */
 const char *cn_renderer_names(void);
 

@@ -12,6 +12,7 @@
 struct cn_renderer {
     const char *name;
     int (*render)(const cn_chat *chat, cn_strbuf *out, cn_err *err);
+    const char *turn_open; /* the text every turn of its prompts begins with */
 };
 
 /* render_nemotron.c: NVIDIA Nemotron 3 (Nano 30B-A3B) ChatML with <think> and qwen3-coder XML

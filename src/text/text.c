@@ -17,6 +17,7 @@ struct cn_text {
     cn_tokenizer *tok;
     const cn_renderer *renderer;
     cn_token_bytes *bytes; /* every token's bytes, for constrained decoding */
+    int32_t turn;          /* the token that opens a turn, or -1 */
 };
 
 /* Loads from dir/tokenizer.json (json NULL) or from json[0, len). */
@@ -38,6 +39,16 @@ static int open_text(cn_text **out, const char *dir, const char *json, size_t le
         free(t);
         return rc;
     }
+    /* The renderer's turn opener, when the tokenizer has it as one token (a special token). */
+    t->turn = -1;
+    const char *open = cn_renderer_turn_open(t->renderer);
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    cn_err e2;
+    if (open && !cn_tok_encode(t->tok, open, strlen(open), CN_TOK_PARSE_SPECIAL, &ids, &n_ids, &e2) &&
+        n_ids == 1)
+        t->turn = ids[0];
+    free(ids);
     *out = t;
     return CN_OK;
 }
@@ -61,6 +72,8 @@ void cn_text_close(cn_text *t) {
 const cn_renderer *cn_text_renderer(const cn_text *t) { return t->renderer; }
 const cn_tokenizer *cn_text_tokenizer(const cn_text *t) { return t->tok; }
 const cn_token_bytes *cn_text_token_bytes(const cn_text *t) { return t->bytes; }
+
+int32_t cn_text_turn_token(const cn_text *t) { return t->turn; }
 
 int cn_text_encode(const cn_text *t, const char *s, size_t n, int32_t **ids, int *n_ids,
                    cn_err *err) {

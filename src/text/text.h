@@ -37,6 +37,10 @@ const cn_tokenizer *cn_text_tokenizer(const cn_text *t);
 /* Every token's bytes (owned by t), built at open for constrained decoding (constraint.h). */
 const cn_token_bytes *cn_text_token_bytes(const cn_text *t);
 
+/* The token every chat turn of a rendered prompt begins with (the renderer's turn opener, e.g.
+ * <|im_start|>), or -1 when the tokenizer does not have it as one token. */
+int32_t cn_text_turn_token(const cn_text *t);
+
 /* Tokenizes s[0, n) as a prompt (special tokens in the text are recognized, as the chat template
  * writes them; no BOS is added: the template has its own). *ids is malloc'd (caller frees).
  * Returns 0, CN_ENOMEM, or CN_EFORMAT for invalid UTF-8. */

@@ -162,8 +162,8 @@ export function assertCachedTurn(first, second, { rewritten = 0, granularity = 0
   assert.ok(added > 0, `the second turn extends the first ${why}`);
   assert.ok(second.matched >= first.tokens - rewritten - TURN_SLACK,
     `the second turn re-sent the first turn's prompt ${why}`);
-  assert.ok(second.evaluated <= added + TURN_SLACK + granularity,
+  assert.ok(second.evaluated <= added + rewritten + TURN_SLACK + granularity,
     `the second turn evaluated more than the ${added} tokens it adds plus ` +
-    `${TURN_SLACK + granularity} ${why}`);
+    `${rewritten + TURN_SLACK + granularity} ${why}`);
   return why;
 }

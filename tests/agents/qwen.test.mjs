@@ -73,10 +73,11 @@ test('qwen: a second turn (--continue) evaluates little more than what it adds',
   assert.equal(result(r.stdout).result, ANSWER);
   const reqs = chat.requests();
   assert.equal(reqs.length, 2, chat.log());
-  // qwen moves its "current date" reminder from the previous user turn to the new one, so the
-  // prompt branches a few dozen tokens before the first turn's end, and the engine can restore
-  // only at a restore point below that branch (one every --cache-spacing = 1024 tokens).
-  t.diagnostic(assertCachedTurn(first, reqs[1], { rewritten: 200, granularity: 1024 }));
+  // qwen moves its "current date" reminder out of the previous user turn (its last text part)
+  // into the new one, so the prompt branches inside the first turn's user message: the engine
+  // resumes from the restore point where that turn begins (it keeps one at each of the last
+  // turns' starts) and evaluates that message again (~450 tokens of qwen's context reminders).
+  t.diagnostic(assertCachedTurn(first, reqs[1], { rewritten: 500 }));
 });
 
 test('qwen: a tool round trip through run_shell_command', { skip }, async () => {

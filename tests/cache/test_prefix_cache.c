@@ -35,6 +35,8 @@ typedef struct env {
     int cancel_after; /* forwards before the cancel callback fires; <0 never */
     int ignore_eos;   /* requests decode max_tokens whatever they sample */
     int polls;
+    const int *marks; /* the requests' marks (cn_request.marks), NULL for none */
+    int n_marks;
     char *tmpdir;
 } env;
 
@@ -105,7 +107,7 @@ static int cancel_cb(void *ctx) {
 static int run(env *v, const int32_t *toks, int n, int max_tokens, cn_result *res) {
     cn_request r = {.tokens = toks, .n_tokens = n, .max_tokens = max_tokens, .cancel = cancel_cb,
                     .ctx = v, .prompt_logits = v->got, .draft_logits = v->dgot,
-                    .ignore_eos = v->ignore_eos};
+                    .ignore_eos = v->ignore_eos, .marks = v->marks, .n_marks = v->n_marks};
     cn_sampler_params_default(&r.sampling);
     r.sampling.temperature = 0;
     v->polls = 0;
@@ -439,6 +441,33 @@ static void test_captures_inside_forwards(void **st) {
     env_close(&v);
 }
 
+/* A request's marks (where its chat turns begin) become restore points: the next request,
+ * which diverges a few tokens past one, resumes there instead of at the spacing's point below;
+ * and a mark survives a later request that runs past it (marks resist merging). */
+static void test_marks(void **st) {
+    (void)st;
+    env v;
+    env_open(&v, "nh-mix-f32", 16, 100, 1 << 30);
+    int32_t x[60], y[60];
+    for (int i = 0; i < 60; i++) x[i] = rnd_token(v.V);
+    memcpy(y, x, sizeof y);
+    y[41] = x[41] == 60 ? 61 : 60; /* diverges at 41 */
+    static const int marks[] = {5, 37};
+    v.marks = marks, v.n_marks = 2;
+    cn_result r = turn(&v, x, 50, 1, 0);
+    free(r.tokens);
+    v.marks = NULL, v.n_marks = 0;
+    r = turn(&v, y, 50, 1, 37); /* without the mark: 32 */
+    free(r.tokens);
+    r = turn(&v, x, 60, 1, 50); /* x again and further: from where its first request rested */
+    free(r.tokens);
+    memcpy(y, x, sizeof y);
+    y[39] = x[39] == 60 ? 61 : 60; /* a new branch, at 39 */
+    r = turn(&v, y, 45, 1, 37); /* the mark at 37 is still there */
+    free(r.tokens);
+    env_close(&v);
+}
+
 /* LRU: a request touches only the nodes it used. */
 static void test_lru_touches_used_only(void **st) {
     (void)st;
@@ -760,6 +789,7 @@ int main(void) {
         cmocka_unit_test(test_eviction),           cmocka_unit_test(test_lru_touches_used_only),
         cmocka_unit_test(test_eviction_in_steps),
         cmocka_unit_test(test_captures_inside_forwards),
+        cmocka_unit_test(test_marks),
         cmocka_unit_test(test_kind_attention_only), cmocka_unit_test(test_kind_recurrent_only),
         cmocka_unit_test(test_kind_mixed),
         cmocka_unit_test(test_kind_window_wraps),

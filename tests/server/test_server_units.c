@@ -400,6 +400,34 @@ static void assert_same_prompt(const cn_job *a, const cn_job *b) {
     assert_memory_equal(a->prompt, b->prompt, (size_t)a->n_prompt * sizeof *a->prompt);
 }
 
+/* A chat's job marks where its last turns begin (the renderer's turn token), for the engine to
+ * keep restore points there; a raw completion marks nothing. */
+static void test_turn_marks(void **st) {
+    (void)st;
+    g_ctx = 4096;
+    int32_t turn = cn_text_turn_token(g_text);
+    assert_true(turn >= 0);
+    cn_job *j = build(cn_openai_chat_request,
+                      "{\"model\":\"tiny\",\"messages\":[{\"role\":\"system\",\"content\":\"s\"},"
+                      "{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"assistant\",\"content\":\"b\"},"
+                      "{\"role\":\"user\",\"content\":\"c\"}]}");
+    int want = 0;
+    for (int i = 1; i < j->n_prompt; i++) want += j->prompt[i] == turn;
+    if (want > CN_JOB_MARKS) want = CN_JOB_MARKS;
+    assert_true(want >= 3); /* user, assistant, user, and the generation prompt's */
+    assert_int_equal(j->n_marks, want);
+    for (int i = 0; i < j->n_marks; i++) {
+        assert_int_equal(j->prompt[j->marks[i]], turn);
+        if (i) assert_true(j->marks[i] > j->marks[i - 1]);
+    }
+    assert_int_equal(j->prompt[0], turn); /* the first turn's start is not marked: offset 0 */
+    cn_job_unref(j);
+    j = build(cn_openai_completions_request, "{\"model\":\"tiny\",\"prompt\":\"<|im_start|>user x <|im_start|>\"}");
+    assert_int_equal(j->n_marks, 0);
+    cn_job_unref(j);
+    g_ctx = 256;
+}
+
 static void test_anthropic(void **st) {
     (void)st;
     g_ctx = 4096;
@@ -576,6 +604,7 @@ int main(void) {
         cmocka_unit_test(test_chan),
         cmocka_unit_test(test_builders),
         cmocka_unit_test(test_responses),
+        cmocka_unit_test(test_turn_marks),
         cmocka_unit_test(test_anthropic),
         cmocka_unit_test(test_anthropic_claude_code),
     };
