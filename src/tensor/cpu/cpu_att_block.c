@@ -3,12 +3,17 @@
  *
  * Promises: one call (cpu_att_blk, cpu_impl.h) puts every (query, query head) pair of its block
  * in a lane of its own, up to CPU_ATT_LANES of them, so each K/V row read and decoded to fp32
- * once serves the whole block: for nano's groups of 4 query heads per kv head that is 8 queries
+ * once serves the whole block: for groups of 4 query heads per kv head that is 16 queries
  * sharing every row. Keys go AB_VK at a time: their scores are a register-blocked micro-kernel
- * (AB_KB keys against every lane vector of q transposed, one broadcast per key and d), the
+ * (AB_KB keys against AB_NVG lane vectors of q transposed, one broadcast per key and d), the
  * online softmax runs on those vectors, and the values are a second micro-kernel (AB_LB lanes x
  * AB_DB column vectors of the output held in registers across the step's keys). The rows AB_PF
  * steps ahead are prefetched into L2 among the decoding.
+ * Measured on one core of the 2-core Zen 4 VM (loaded; one block over 32k keys, F32 rows of 2 kv
+ * heads of 64, best of 6, against its 112 GFLOP/s FMA loop): 64 lanes against 32 took AVX-512
+ * from 40 to 53-58 GFLOP/s (the rows' reads half as many a flop) and AVX2 from 34-37 to 39; AVX2
+ * scores 6 keys x 2 vectors (12 chains) against 2 x 4: 51-61 against 37-48. Reading F32 rows in
+ * place instead of copying them was no faster (AVX2 slower).
  *
  * Numerics: per lane, the operations of the AVX-512 decode kernel (cpu_attention.c, at_step) in
  * its order: each score one fused chain over d upward; per step of AB_VK keys from s0 the max,
@@ -83,9 +88,9 @@ static inline __attribute__((always_inline)) void sc_row(cn_dtype dt, const char
 #define AB_EXP(x) expf(x)
 #define AB_ANY_GT(a, b) ((a) > (b))
 #define AB_ROW(dt, row, Dh, s, dst) sc_row(dt, row, Dh, s, dst)
-#define AB_KB(NV) (64 / (NV))
+#define AB_NVG 32
+#define AB_KB(NV) ((NV) >= 32 ? 2 : 64 / (NV))
 #define AB_KBMAX 8
-#define AB_NVMAX 32
 #define AB_LB 2
 #define AB_DB 8
 #define AB_PREFETCH(p) __builtin_prefetch(p, 0, 2)
@@ -96,7 +101,8 @@ void cpu_att_block_scalar(const cpu_att_blk *a) {
     const int L = a->nq * a->hb;
     if (L <= 8) ab_block_sc(a, &st, 8, AB_KB(8));
     else if (L <= 16) ab_block_sc(a, &st, 16, AB_KB(16));
-    else ab_block_sc(a, &st, 32, AB_KB(32));
+    else if (L <= 32) ab_block_sc(a, &st, 32, AB_KB(32));
+    else ab_block_sc(a, &st, 64, AB_KB(64));
 }
 
 #undef AB_V
@@ -117,7 +123,7 @@ void cpu_att_block_scalar(const cpu_att_blk *a) {
 #undef AB_ROW
 #undef AB_KB
 #undef AB_KBMAX
-#undef AB_NVMAX
+#undef AB_NVG
 #undef AB_LB
 #undef AB_DB
 #undef AB_PREFETCH
@@ -175,9 +181,9 @@ A2_IN void a2_row(cn_dtype dt, const char *row, int64_t Dh, float s, float *dst)
 #define AB_EXP(x) cpu_exp_le0_8(x)
 #define AB_ANY_GT(a, b) _mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_GT_OQ))
 #define AB_ROW(dt, row, Dh, s, dst) a2_row(dt, row, Dh, s, dst)
-#define AB_KB(NV) (8 / (NV))
+#define AB_NVG 2
+#define AB_KB(NV) ((NV) >= 2 ? 6 : 8)
 #define AB_KBMAX 8
-#define AB_NVMAX 4
 #define AB_LB 2
 #define AB_DB 4
 #define AB_PREFETCH(p) _mm_prefetch((const char *)(p), AB_HINT)
@@ -188,7 +194,8 @@ __attribute__((target(A2_ATTR))) void cpu_att_block_avx2(const cpu_att_blk *a) {
     const int L = a->nq * a->hb;
     if (L <= 8) ab_block_a2(a, &st, 1, AB_KB(1));
     else if (L <= 16) ab_block_a2(a, &st, 2, AB_KB(2));
-    else ab_block_a2(a, &st, 4, AB_KB(4));
+    else if (L <= 32) ab_block_a2(a, &st, 4, AB_KB(4));
+    else ab_block_a2(a, &st, 8, AB_KB(8));
 }
 
 #undef AB_V
@@ -209,7 +216,7 @@ __attribute__((target(A2_ATTR))) void cpu_att_block_avx2(const cpu_att_blk *a) {
 #undef AB_ROW
 #undef AB_KB
 #undef AB_KBMAX
-#undef AB_NVMAX
+#undef AB_NVG
 #undef AB_LB
 #undef AB_DB
 #undef AB_PREFETCH
@@ -261,9 +268,9 @@ A5_IN void a5_row(cn_dtype dt, const char *row, int64_t Dh, float s, float *dst)
 #define AB_EXP(x) cpu_exp_le0_16(x)
 #define AB_ANY_GT(a, b) _mm512_cmp_ps_mask(a, b, _CMP_GT_OQ)
 #define AB_ROW(dt, row, Dh, s, dst) a5_row(dt, row, Dh, s, dst)
-#define AB_KB(NV) (16 / (NV))
+#define AB_NVG 2
+#define AB_KB(NV) ((NV) >= 2 ? 8 : 16)
 #define AB_KBMAX 16
-#define AB_NVMAX 2
 #define AB_LB 4
 #define AB_DB 4
 #define AB_PREFETCH(p) _mm_prefetch((const char *)(p), AB_HINT)
@@ -271,8 +278,10 @@ A5_IN void a5_row(cn_dtype dt, const char *row, int64_t Dh, float s, float *dst)
 
 __attribute__((target(A5_ATTR))) void cpu_att_block_avx512(const cpu_att_blk *a) {
     ab_state st;
-    if (a->nq * a->hb <= 16) ab_block_a5(a, &st, 1, AB_KB(1));
-    else ab_block_a5(a, &st, 2, AB_KB(2));
+    const int L = a->nq * a->hb;
+    if (L <= 16) ab_block_a5(a, &st, 1, AB_KB(1));
+    else if (L <= 32) ab_block_a5(a, &st, 2, AB_KB(2));
+    else ab_block_a5(a, &st, 4, AB_KB(4));
 }
 
 #else /* not x86: never picked (cpu_backend.c), the scalar kernel stands in */

@@ -14,10 +14,11 @@
  *   AB_ANY_GT(a, b)      nonzero when some lane of a is above b's
  *   AB_ROW(dt, row, Dh, scale, dst)  dst[d] = value d of the cache row * scale for d < Dh, then
  *                        zeros up to the next multiple of AB_VW
- *   AB_KB(NV)            keys the score micro-kernel holds at once beside NV lane vectors
+ *   AB_NVG               the most lane vectors of q the score micro-kernel holds
+ *   AB_KB(NV)            keys it holds at once beside min(NV, AB_NVG) lane vectors
  *   AB_LB, AB_DB         lanes and column vectors the value micro-kernel holds
  *   AB_PREFETCH(p)       a hint to fetch the line at p (or nothing)
- *   AB_KBMAX, AB_NVMAX   the largest AB_KB and NV it is instantiated with
+ *   AB_KBMAX             the largest AB_KB
  * and, before the first inclusion, ab_state, AB_VK, AB_KS and AB_PF.
  */
 
@@ -26,21 +27,20 @@
 #define AB_NAME(x) AB_CAT(x, AB_SFX)
 
 /* Scores of the step's AB_VK keys for every lane: s[i * LP + x] = sum over d (in order) of
- * qT[d][x] * k_i[d], one fused chain per score. KB keys at a time stay in registers against the
- * NV lane vectors of q; each key value is broadcast once for all of them. */
-AB_IN void AB_NAME(ab_scores_kb)(ab_state *st, int64_t Dh, const int NV, const int kb,
-                                  const int KB) {
-    const int LP = NV * AB_VW;
+ * qT[d][x] * k_i[d], one fused chain per score. KB keys at a time stay in registers against NG
+ * lane vectors of q from g on; each key value is broadcast once for all of them. */
+AB_IN void AB_NAME(ab_scores_kb)(ab_state *st, int64_t Dh, const int LP, const int g,
+                                  const int NV, const int kb, const int KB) {
     {
-        AB_V acc[AB_KBMAX][AB_NVMAX];
+        AB_V acc[AB_KBMAX][AB_NVG];
 #pragma GCC unroll 16
         for (int i = 0; i < KB; i++)
 #pragma GCC unroll 4
             for (int n = 0; n < NV; n++) acc[i][n] = AB_ZERO;
         const float *kp = st->kf[kb];
         for (int64_t d = 0; d < Dh; d++) {
-            const float *qd = st->qT + d * LP;
-            AB_V q[AB_NVMAX];
+            const float *qd = st->qT + d * LP + g * AB_VW;
+            AB_V q[AB_NVG];
 #pragma GCC unroll 4
             for (int n = 0; n < NV; n++) q[n] = AB_LOAD(qd + n * AB_VW);
 #pragma GCC unroll 16
@@ -53,14 +53,20 @@ AB_IN void AB_NAME(ab_scores_kb)(ab_state *st, int64_t Dh, const int NV, const i
 #pragma GCC unroll 16
         for (int i = 0; i < KB; i++)
 #pragma GCC unroll 4
-            for (int n = 0; n < NV; n++) AB_STORE(st->s + (kb + i) * LP + n * AB_VW, acc[i][n]);
+            for (int n = 0; n < NV; n++)
+                AB_STORE(st->s + (kb + i) * LP + (g + n) * AB_VW, acc[i][n]);
     }
 }
 
+/* Lane vectors AB_NVG at a time (fewer when NV is), the step's keys KB at a time. */
 AB_IN void AB_NAME(ab_scores)(ab_state *st, int64_t Dh, const int NV, const int KB) {
-    int kb = 0;
-    for (; kb + KB <= AB_VK; kb += KB) AB_NAME(ab_scores_kb)(st, Dh, NV, kb, KB);
-    if (AB_VK % KB) AB_NAME(ab_scores_kb)(st, Dh, NV, kb, AB_VK % KB);
+    const int NG = NV < AB_NVG ? NV : AB_NVG;
+    for (int g = 0; g < NV; g += NG) {
+        int kb = 0;
+        for (; kb + KB <= AB_VK; kb += KB)
+            AB_NAME(ab_scores_kb)(st, Dh, NV * AB_VW, g, NG, kb, KB);
+        if (AB_VK % KB) AB_NAME(ab_scores_kb)(st, Dh, NV * AB_VW, g, NG, kb, AB_VK % KB);
+    }
 }
 
 /* Lanes [x0, x0 + AB_LB) x column vectors [d0, d0 + DB * AB_VW) of o, every key of the step:

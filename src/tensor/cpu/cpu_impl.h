@@ -195,7 +195,7 @@ void cpu_att_heads_avx512(const cpu_att_args *a, int n); /* cpu_attention.c */
 void cpu_att_block_scalar(const cpu_att_blk *a);         /* cpu_att_block.c */
 void cpu_att_block_avx2(const cpu_att_blk *a);           /* cpu_att_block.c */
 void cpu_att_block_avx512(const cpu_att_blk *a);         /* cpu_att_block.c */
-#define CPU_ATT_LANES 32 /* att_block_lanes of every table */
+#define CPU_ATT_LANES 64 /* att_block_lanes of every table */
 void cpu_silu_scalar(float *y, const float *x, int64_t n);  /* cpu_elementwise.c */
 void cpu_silu_avx512(float *y, const float *x, int64_t n);  /* cpu_elementwise.c */
 void cpu_quant_kernels_scalar(cpu_kernels *k);
