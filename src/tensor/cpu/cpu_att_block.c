@@ -89,7 +89,7 @@ static inline __attribute__((always_inline)) void sc_row(cn_dtype dt, const char
 #define AB_ANY_GT(a, b) ((a) > (b))
 #define AB_ROW(dt, row, Dh, s, dst) sc_row(dt, row, Dh, s, dst)
 #define AB_NVG 32
-#define AB_KB(NV) ((NV) >= 32 ? 2 : 64 / (NV))
+#define AB_KB(NV) ((NV) >= 32 ? 2 : (NV) <= 8 ? 8 : 64 / (NV))
 #define AB_KBMAX 8
 #define AB_LB 2
 #define AB_DB 8
@@ -99,7 +99,8 @@ static inline __attribute__((always_inline)) void sc_row(cn_dtype dt, const char
 void cpu_att_block_scalar(const cpu_att_blk *a) {
     ab_state st;
     const int L = a->nq * a->hb;
-    if (L <= 8) ab_block_sc(a, &st, 8, AB_KB(8));
+    if (L <= 4) ab_block_sc(a, &st, 4, AB_KB(4)); /* a decode's one query of up to 4 heads */
+    else if (L <= 8) ab_block_sc(a, &st, 8, AB_KB(8));
     else if (L <= 16) ab_block_sc(a, &st, 16, AB_KB(16));
     else if (L <= 32) ab_block_sc(a, &st, 32, AB_KB(32));
     else ab_block_sc(a, &st, 64, AB_KB(64));
