@@ -41,7 +41,7 @@
  * and the kernel stalled on reloads). A constant: the micro-kernels address rows as immediates. */
 #define AB_KS (CPU_ATT_DMAX + 16)
 /* Steps ahead whose rows are prefetched, into L2 (the block's state fills the L1): at 32k keys
- * of nano-shaped heads, 34-40 GFLOP/s a core without, 45-51 with (AVX-512, loaded machine). */
+ * of 2 kv heads of 64, 34-40 GFLOP/s a core without, 45-51 with (AVX-512, loaded machine). */
 #define AB_PF 4
 #define AB_HINT _MM_HINT_T1
 
