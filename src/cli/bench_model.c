@@ -26,6 +26,10 @@
  *             in another); a pair of bursts fractions of a second apart sees one. A device
  *             backend runs each side in one burst (its bandwidth holds still, and a switch of
  *             state re-captures its step graph).
+ *   prefill_long a fresh state absorbs --long-context tokens (default 32768; timed apart,
+ *             reported as prefill_long_prefix), then one chunk of --prompt-short tokens is timed
+ *             between two probes: prefill512's chunk, evaluated after the long prefix. Skipped
+ *             with --long-context 0.
  *   decode_eager (device backends) decode again with the backend's steps launched op by op
  *             rather than replayed as graphs (cn_backend_set_record 0): decode_graph_speedup.
  * Each prefill run, and each decode burst, is bracketed by a bandwidth probe right before and
@@ -77,6 +81,18 @@
  *                          prefill runs for the last position only). Attention's score/value
  *                          products and the SSM scan are not counted: the ratio is a floor.
  *   prefill_compute_ratio = prefill_gops (2048-token prompt) / peak_gops.
+ *   prefill_long_over_start = prefill_long_tok_s / prefill512_tok_s: the same chunk after the
+ *                          long prefix and at the start.
+ *   attention_gops       = (A(C) - A(0)) / (prefill_long seconds - prefill512 seconds): the
+ *                          attention arithmetic the long prefix adds to the chunk over the time
+ *                          it adds, A(c) = 4 * L * H * D * (n * c + n (n + 1) / 2) for a chunk of
+ *                          n queries after c keys (L full-attention layers, H query heads of D:
+ *                          scores and weighted values, a multiply-add two operations). The real
+ *                          forward by difference, so what else grows with the context counts
+ *                          against it: a floor. 0 when the long chunk was not slower.
+ *   attention_compute_ratio = attention_gops / attention_peak_gops, the fp32 FMA probe
+ *                          (cn_probe_peak CN_PEAK_FP32_FMA: the instruction the attention
+ *                          kernels run; not measured on a device backend).
  *   peak_memory_bytes    = VmHWM of /proc/self/status less the probe buffer (allocated first and
  *                          resident throughout), the high-water mark reset (clear_refs 5) once the
  *                          preset is built, so building the checkpoint does not count.
@@ -120,7 +136,7 @@
 
 static const char kSynopsis[] =
     "bench [--model DIR | --preset " CN_SYNTH_PRESETS " [--layers N]] [--weights bf16|fp8|mxfp8|nvfp4] "
-    "[--prompt N] [--gen N] [--json]";
+    "[--prompt N] [--long-context N] [--gen N] [--json]";
 
 #define UNRELIABLE_SPREAD 0.10 /* probes further apart than this mark a run unreliable */
 #define PROBE_PASSES 3
@@ -346,6 +362,14 @@ static int decode_times(bench *B, cn_state *s, int32_t *tok, int n, double *tsec
     return 0;
 }
 
+/* Attention's multiply-adds (as two operations each) for a chunk of n queries after ctx keys:
+ * scores and weighted values of every full-attention layer (sliding windows left out). */
+static double attention_ops(const cn_config *c, double ctx, double n) {
+    int layers = 0;
+    for (const char *p = c->layers; *p; p++) layers += *p == CN_BLOCK_ATTN;
+    return 4.0 * layers * c->n_heads * c->head_dim * (n * ctx + n * (n + 1) / 2);
+}
+
 static int decode(bench *B, int n) {
     int32_t t = B->toks[0];
     return decode_times(B, B->s, &t, n, NULL);
@@ -378,6 +402,39 @@ static int measure(bench *B, run *r, const char *name, int is_decode, int n) {
     r->reliable = probes_agree(r->bw_before, r->bw_after);
     fprintf(stderr, "cairn: %-10s %6d tokens in %8.3f s: %9.2f tok/s (cpu share %.2f, probes %.1f / %.1f GB/s%s)\n",
             name, n, r->seconds, r->tok_s, r->cpu_share, r->bw_before, r->bw_after, r->reliable ? "" : ", unreliable");
+    return 0;
+}
+
+/* A fresh state absorbs ctx tokens (their seconds into *prefix_s), then a chunk of n more is
+ * timed between two bandwidth probes. */
+static int measure_long(bench *B, run *r, int ctx, int n, double *prefix_s) {
+    memset(r, 0, sizeof *r);
+    r->name = "prefill_long";
+    r->tokens = n;
+    r->ctx0 = ctx;
+    int rc = cn_state_reset(B->s);
+    if (rc) return rc;
+    double t0 = now_s();
+    rc = prefill(B, ctx);
+    *prefix_s = now_s() - t0;
+    if (rc) return rc;
+    r->bw_before = probe_bw(B);
+    cn_batch b = {.tokens = B->toks + ctx, .n = n, .logits = B->logits};
+    t0 = now_s();
+    double c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
+    rc = cn_model_forward(B->m, B->s, &b);
+    r->seconds = now_s() - t0;
+    double cpu = clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0;
+    r->cpu_share = r->seconds > 0 ? cpu / (r->seconds * B->n_threads) : 0;
+    r->bw_after = probe_bw(B);
+    if (rc) return rc;
+    r->tok_s = r->seconds > 0 ? n / r->seconds : 0;
+    r->bw = (r->bw_before + r->bw_after) / 2;
+    r->reliable = probes_agree(r->bw_before, r->bw_after);
+    fprintf(stderr, "cairn: %-10s %6d tokens at context %d in %8.3f s: %9.2f tok/s (cpu share %.2f, probes "
+                    "%.1f / %.1f GB/s%s; the prefix at %.2f tok/s)\n",
+            r->name, n, ctx, r->seconds, r->tok_s, r->cpu_share, r->bw_before, r->bw_after,
+            r->reliable ? "" : ", unreliable", *prefix_s > 0 ? ctx / *prefix_s : 0);
     return 0;
 }
 
@@ -704,7 +761,7 @@ static int pattern_counts(const char *pat, int n[N_TYPES]) {
 int cn_bench_model(int argc, char **argv) {
     const char *model = NULL, *preset = NULL, *weights = NULL, *backend = NULL, *work_dir = NULL;
     int layers = 0, prompt = 2048, prompt_short = -1, context = 8192, gen = 64, threads = 0, ubatch = 0;
-    int probe_mb = 512, json = 0, burst_tokens = 8;
+    int probe_mb = 512, json = 0, burst_tokens = 8, long_ctx = 32768;
     uint64_t seed = 0;
     cn_flag flags[] = {
         {"model", CN_FLAG_STR, &model, "DIR", "model directory to bench", 0, 0},
@@ -715,6 +772,7 @@ int cn_bench_model(int argc, char **argv) {
         {"prompt", CN_FLAG_INT, &prompt, "N", "tokens of the long prefill (default 2048)", 0, 0},
         {"prompt-short", CN_FLAG_INT, &prompt_short, "N", "tokens of the short prefill (default min(512, --prompt))", 0, 0},
         {"context", CN_FLAG_INT, &context, "N", "context before the second decode run (default 8192)", 0, 0},
+        {"long-context", CN_FLAG_INT, &long_ctx, "N", "context before the long-context prefill chunk (default 32768; 0: none)", 0, 0},
         {"gen", CN_FLAG_INT, &gen, "N", "tokens per decode run (default 64)", 0, 0},
         {"burst", CN_FLAG_INT, &burst_tokens, "N", "decode tokens per burst, the two decode runs taking turns (default 8)", 0, 0},
         {"threads", CN_FLAG_INT, &threads, "N", "CPU threads, model and probes (default: all cores)", 0, 0},
@@ -740,6 +798,7 @@ int cn_bench_model(int argc, char **argv) {
     else if (prompt_short == 0 || prompt_short < -1) bad = "--prompt-short must be at least 1";
     else if (probe_mb < 1 || probe_mb > (1 << 20)) bad = "--probe-mb must be in 1..1048576";
     else if (ubatch < 0) bad = "--ubatch must not be negative";
+    else if (long_ctx < 0) bad = "--long-context must not be negative";
     cn_qalgo algo = CN_QALGO_NONE;
     if (!bad && weights) {
         if (!strcmp(weights, "nvfp4")) algo = CN_QALGO_NVFP4;
@@ -791,6 +850,7 @@ int cn_bench_model(int argc, char **argv) {
     B.vocab = cfg->vocab_size;
     int max_ctx = prompt > prompt_short ? prompt : prompt_short;
     if (context + gen > max_ctx) max_ctx = context + gen;
+    if (long_ctx && long_ctx + prompt_short > max_ctx) max_ctx = long_ctx + prompt_short;
     if ((rc = cn_state_create(&B.s, B.m, max_ctx + 1, 0))) {
         fprintf(stderr, "cairn: state of %d tokens: %s\n", max_ctx + 1, cn_strerror(rc));
         goto done;
@@ -885,6 +945,20 @@ int cn_bench_model(int argc, char **argv) {
         goto done;
     }
     const run rdec = dp.start, rdec8k = dp.ctx;
+    /* the start's chunk again after a long prefix, and the FMA peak attention is held to */
+    run rlong;
+    memset(&rlong, 0, sizeof rlong);
+    rlong.name = "prefill_long";
+    double long_prefix_s = 0, att_peak = 0;
+    const char *att_peak_what = "";
+    if (long_ctx && (rc = measure_long(&B, &rlong, long_ctx, prompt_short, &long_prefix_s))) {
+        fprintf(stderr, "cairn: forward: %s\n", cn_strerror(rc));
+        goto done;
+    }
+    if (long_ctx && !B.device) att_peak = cn_probe_peak(B.pool, CN_PEAK_FP32_FMA, PEAK_SECONDS / 2, &att_peak_what);
+    const double att_add = attention_ops(cfg, long_ctx, prompt_short) - attention_ops(cfg, 0, prompt_short);
+    const double att_dt = rlong.seconds - r512.seconds;
+    const double att_gops = long_ctx && att_dt > 0 ? att_add / att_dt / 1e9 : 0;
     /* a device backend: decode again with its steps launched op by op instead of replayed */
     if (B.device) {
         if (!(rc = cn_backend_set_record(be, 0))) rc = measure(&B, &reager, "decode_eager", 1, gen);
@@ -965,6 +1039,17 @@ int cn_bench_model(int argc, char **argv) {
     cJSON_AddNumberToObject(out, "prefill512_gops", gops512);
     cJSON_AddNumberToObject(out, "prefill512_compute_ratio", peak > 0 ? gops512 / peak : 0);
     cJSON_AddNumberToObject(out, "prefill_ctx_tok_s", ctx_s > 0 ? context / ctx_s : 0);
+    if (long_ctx) {
+        cJSON_AddNumberToObject(out, "prefill_long_context", long_ctx);
+        cJSON_AddNumberToObject(out, "prefill_long_tok_s", rlong.tok_s);
+        cJSON_AddNumberToObject(out, "prefill_long_over_start", r512.tok_s > 0 ? rlong.tok_s / r512.tok_s : 0);
+        cJSON_AddNumberToObject(out, "prefill_long_prefix_tok_s", long_prefix_s > 0 ? long_ctx / long_prefix_s : 0);
+        cJSON_AddNumberToObject(out, "prefill_long_prefix_seconds", long_prefix_s);
+        cJSON_AddNumberToObject(out, "attention_gops", att_gops);
+        cJSON_AddNumberToObject(out, "attention_peak_gops", att_peak);
+        cJSON_AddStringToObject(out, "attention_peak_instruction", att_peak_what);
+        cJSON_AddNumberToObject(out, "attention_compute_ratio", att_peak > 0 ? att_gops / att_peak : 0);
+    }
     cJSON_AddNumberToObject(out, "vmhwm_bytes", (double)hwm);
     cJSON_AddNumberToObject(out, "probe_buffer_bytes", (double)B.probe_bytes);
     cJSON_AddBoolToObject(out, "hwm_reset_after_build", hwm_reset);
@@ -994,6 +1079,10 @@ int cn_bench_model(int argc, char **argv) {
         if (!all[i]->reliable) cJSON_AddItemToArray(unrel, cJSON_CreateString(all[i]->name));
     }
     if (B.device) cJSON_AddItemToObject(runs, reager.name, run_json(&reager));
+    if (long_ctx) {
+        cJSON_AddItemToObject(runs, rlong.name, run_json(&rlong));
+        if (!rlong.reliable) cJSON_AddItemToArray(unrel, cJSON_CreateString(rlong.name));
+    }
 
     /* a slice of a preset: the whole preset, projected per layer type */
     cn_synth_info full;
@@ -1061,11 +1150,14 @@ int cn_bench_model(int argc, char **argv) {
         if (B.device)
             printf("host link    %.1f GB/s to the device, %.1f GB/s back (pinned, 256 MiB copies)\n", lim.h2d_gbs,
                    lim.d2h_gbs);
-        for (int i = 0; i < 4; i++) {
+        const run *shown[] = {&r512, &r2k, &rlong, &rdec, &rdec8k};
+        for (int k = 0; k < 5; k++) {
+            const run *r = shown[k];
+            if (r == &rlong && !long_ctx) continue;
             printf("%-12s %6d tokens at context %5d: %9.2f tok/s  cpu share %.2f  probes %.1f / %.1f GB/s%s",
-                   all[i]->name, all[i]->tokens, all[i]->ctx0, all[i]->tok_s, all[i]->cpu_share,
-                   all[i]->bw_before, all[i]->bw_after, all[i]->reliable ? "" : "  UNRELIABLE");
-            if (all[i]->tok_s_median > 0) printf("  median token %.2f tok/s", all[i]->tok_s_median);
+                   r->name, r->tokens, r->ctx0, r->tok_s, r->cpu_share, r->bw_before, r->bw_after,
+                   r->reliable ? "" : "  UNRELIABLE");
+            if (r->tok_s_median > 0) printf("  median token %.2f tok/s", r->tok_s_median);
             printf("\n");
         }
         if (B.device)
@@ -1087,6 +1179,18 @@ int cn_bench_model(int argc, char **argv) {
                dp.over_start, dp.agree, dp.over_start_cpu, dp.over_start_token);
         printf("prefill      2 x %.0f params x tok/s = %.1f Gop/s (512: %.1f): %.3f of peak\n", P, gops2k, gops512,
                peak > 0 ? gops2k / peak : 0);
+        if (long_ctx) {
+            printf("prefill long %d tokens after %d: %.3f of prefill512's rate; the %d-token prefix took %.1f s "
+                   "(%.2f tok/s)\n",
+                   prompt_short, long_ctx, r512.tok_s > 0 ? rlong.tok_s / r512.tok_s : 0, long_ctx, long_prefix_s,
+                   long_prefix_s > 0 ? long_ctx / long_prefix_s : 0);
+            if (att_peak > 0)
+                printf("attention    %.1f Gop/s added by the long prefix (by difference): %.3f of the fp32 FMA "
+                       "peak %.1f Gop/s (%s)\n",
+                       att_gops, att_gops / att_peak, att_peak, att_peak_what);
+            else
+                printf("attention    %.1f Gop/s added by the long prefix (by difference)\n", att_gops);
+        }
         printf("memory       peak %.2f GiB (VmHWM less the %d MiB probe buffer)\n", peak_mem / 1073741824.0,
                probe_mb);
         if (have_full)

@@ -17,7 +17,7 @@ static char g_tmp[512];
 static char g_model[600];
 
 /* Tiny sizes: the run takes about a second, most of it the peak probe. */
-#define SMALL "--prompt 24 --prompt-short 8 --context 40 --gen 5 --burst 2 --probe-mb 16 --threads 2 --json"
+#define SMALL "--prompt 24 --prompt-short 8 --context 40 --long-context 48 --gen 5 --burst 2 --probe-mb 16 --threads 2 --json"
 
 static cJSON *bench_json(const char *args) {
     char *out = NULL;
@@ -55,15 +55,15 @@ static void check_keys(const cJSON *j) {
     }
     /* every timed run carries its two probes and a reliability mark */
     const cJSON *runs = cJSON_GetObjectItemCaseSensitive(j, "runs");
-    static const char *const names[] = {"prefill512", "prefill", "decode", "decode_8k"};
-    for (int i = 0; i < 4; i++) {
+    static const char *const names[] = {"prefill512", "prefill", "decode", "decode_8k", "prefill_long"};
+    for (int i = 0; i < 5; i++) {
         const cJSON *r = cJSON_GetObjectItemCaseSensitive(runs, names[i]);
         assert_non_null(r);
         assert_true(cJSON_GetObjectItemCaseSensitive(r, "probe_before_gbs")->valuedouble > 0);
         assert_true(cJSON_GetObjectItemCaseSensitive(r, "probe_after_gbs")->valuedouble > 0);
         assert_true(cJSON_IsBool(cJSON_GetObjectItemCaseSensitive(r, "reliable")));
         const cJSON *med = cJSON_GetObjectItemCaseSensitive(r, "median_token_tok_s");
-        if (i < 2) assert_null(med); /* prefills: no per-token times */
+        if (i < 2 || i == 4) assert_null(med); /* prefills: no per-token times */
         else assert_true(cJSON_IsNumber(med) && med->valuedouble > 0);
     }
     assert_true(cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(j, "unreliable")));
@@ -85,6 +85,19 @@ static void check_keys(const cJSON *j) {
     double med = cJSON_GetObjectItemCaseSensitive(j, "decode_8k_over_start_agreeing")->valuedouble;
     assert_true(agree ? med > 0 : med == 0);
     assert_true(cJSON_GetObjectItemCaseSensitive(j, "decode_8k_over_start_cpu")->valuedouble > 0);
+    /* the long-context chunk: prefill512's 8 tokens after a 48-token prefix */
+    const cJSON *rl = cJSON_GetObjectItemCaseSensitive(runs, "prefill_long");
+    assert_int_equal(cJSON_GetObjectItemCaseSensitive(rl, "tokens")->valueint, 8);
+    assert_int_equal(cJSON_GetObjectItemCaseSensitive(rl, "context")->valueint, 48);
+    assert_int_equal(cJSON_GetObjectItemCaseSensitive(j, "prefill_long_context")->valueint, 48);
+    static const char *const pos[] = {"prefill_long_tok_s", "prefill_long_over_start",
+                                      "prefill_long_prefix_tok_s", "attention_peak_gops"};
+    for (size_t i = 0; i < sizeof pos / sizeof *pos; i++)
+        assert_true(cJSON_GetObjectItemCaseSensitive(j, pos[i])->valuedouble > 0);
+    /* by difference of two timed chunks: 0 when the longer one was not slower (noise) */
+    double att = cJSON_GetObjectItemCaseSensitive(j, "attention_gops")->valuedouble;
+    double ratio = cJSON_GetObjectItemCaseSensitive(j, "attention_compute_ratio")->valuedouble;
+    assert_true(att >= 0 && ratio >= 0 && (att > 0) == (ratio > 0));
 }
 
 static void test_preset_every_key(void **st) {
@@ -138,6 +151,7 @@ static void test_usage_errors(void **st) {
         "--preset tiny --gen -1",
         "--preset tiny --probe-mb 0",
         "--preset tiny --burst 0",
+        "--preset tiny --long-context -1",
         "--preset tiny --no-such-flag",
         "--preset",                              /* missing value */
     };

@@ -28,6 +28,7 @@
 #include "base/fp.h"
 #include "tensor/backend.h"
 #include "tensor/cpu/cpu_backend.h"
+#include "tensor/cpu/cpu_exp.h"
 #include "tensor/cpu_test_util.h"
 
 /* ---------------------------------------------------------------- helpers */
@@ -1229,6 +1230,84 @@ static void test_attention_long_context_decode_equals_prefill(void **state) {
     }
 }
 
+/* The tiled prefill (cpu_att_block.c) against the reference on every ISA: blocks of as many
+ * queries as the lanes take (8 of 4 heads, 10 of 3, one of 16 + 4 heads), chunks that end inside
+ * a block and inside a 16-key step, causal edges off the steps, blocks that straddle the 1024-key
+ * ranges, heads padded to the vectors (Dh 24, 33) and a few thousand keys. */
+static void test_attention_tiled_prefill(void **state) {
+    (void)state;
+    for (int isa = 0; isa < N_ISA; isa++) {
+        cn_backend *b = backend(3, isa);
+        rng r = {15};
+        check_attention(b, &r, CN_F32, 37, 0, 8, 2, 64, 1, NULL);    /* from empty */
+        check_attention(b, &r, CN_F32, 21, 1013, 8, 2, 64, 1, NULL); /* across key 1024 */
+        check_attention(b, &r, CN_BF16, 19, 2043, 20, 1, 24, 1, NULL); /* 16 + 4 heads */
+        check_attention(b, &r, CN_F32, 23, 1100, 3, 1, 33, 1, NULL); /* 10 queries of 3 heads */
+        check_attention(b, &r, CN_F32, 2, 700, 2, 2, 16, 1, NULL);   /* MHA, a verify's two */
+        check_attention(b, &r, CN_F32, 40, 3500, 8, 2, 64, 2, NULL); /* long */
+        cn_backend_free(b);
+    }
+}
+
+/* The bits of one call of T queries, out [T, Hq*Dh]; with cut (0 < cut[0] < cut[1] < T) the same
+ * queries in three calls, each after the positions before it. */
+static void attention_calls(cn_backend *b, view *out, const view *q, const cache *kc,
+                            const cache *vc, int n_past, int Hq, int Hkv, float scale,
+                            const int *cut) {
+    const int T = (int)q->T;
+    int at[4] = {0, cut ? cut[0] : T, cut ? cut[1] : T, T};
+    for (int i = 0; i < 3; i++) {
+        if (at[i + 1] == at[i]) continue;
+        cn_tensor qi = cn_tensor_rows(&q->t, at[i], at[i + 1] - at[i]);
+        cn_tensor oi = cn_tensor_rows(&out->t, at[i], at[i + 1] - at[i]);
+        assert_int_equal(cn_op_attention(b, &oi, &qi, &kc->t, &vc->t, n_past + at[i], Hq, Hkv,
+                                         scale),
+                         CN_OK);
+    }
+}
+
+/* A query's bits do not depend on which queries share its call: one call of T queries equals
+ * three calls of its pieces (the blocks then start at other queries), on 1 and on 3 threads;
+ * and AVX2 gives AVX-512's bits (the same IEEE operations on each lane; where the CPU lacks
+ * AVX-512 the two are one table). */
+static void test_attention_tiled_bits(void **state) {
+    (void)state;
+    const struct { int T, past, Hq, Hkv; int64_t Dh; cn_dtype dt; int cut[2]; } cs[] = {
+        {45, 1500, 8, 2, 64, CN_F32, {5, 29}},
+        {33, 1030, 12, 2, 24, CN_BF16, {1, 17}},
+    };
+    for (size_t c = 0; c < sizeof cs / sizeof *cs; c++) {
+        const int T = cs[c].T, past = cs[c].past, Hq = cs[c].Hq, Hkv = cs[c].Hkv;
+        const int64_t Dh = cs[c].Dh, S = past + T + 2;
+        const float scale = 1.0f / sqrtf((float)Dh);
+        rng r = {16};
+        cache kc = cache_rand(&r, cs[c].dt, S, Hkv * Dh, past + T);
+        cache vc = cache_rand(&r, cs[c].dt, S, Hkv * Dh, past + T);
+        view q = view_rand(&r, T, Hq * Dh, 3, -2, 2);
+        float *first[N_ISA];
+        for (int isa = 0; isa < N_ISA; isa++) {
+            cn_backend *b1 = backend(1, isa), *b3 = backend(3, isa);
+            view whole = view_make(T, Hq * Dh, 2), parts = view_make(T, Hq * Dh, 2);
+            attention_calls(b3, &whole, &q, &kc, &vc, past, Hq, Hkv, scale, NULL);
+            attention_calls(b1, &parts, &q, &kc, &vc, past, Hq, Hkv, scale, cs[c].cut);
+            assert_true(views_equal(&whole, &parts));
+            attention_calls(b3, &parts, &q, &kc, &vc, past, Hq, Hkv, scale, cs[c].cut);
+            assert_true(views_equal(&whole, &parts));
+            view_check_pad(&whole);
+            first[isa] = view_get(&whole);
+            view_free(&whole);
+            view_free(&parts);
+            cn_backend_free(b1);
+            cn_backend_free(b3);
+        }
+        assert_memory_equal(first[ISA_BEST], first[ISA_AVX2], (size_t)(T * Hq * Dh) * sizeof(float));
+        for (int isa = 0; isa < N_ISA; isa++) free(first[isa]);
+        view_free(&q);
+        cache_free(&kc);
+        cache_free(&vc);
+    }
+}
+
 static void test_attention_threads_agree(void **state) {
     (void)state;
     cn_backend *b1 = backend(1, ISA_BEST), *b3 = backend(3, ISA_BEST);
@@ -1632,6 +1711,53 @@ static void test_silu_isas(void **state) {
     view_free(&x);
 }
 
+/* cpu_exp.h's three forms give the same bits: the AVX2 lanes (2^n applied in two halves) and the
+ * AVX-512 lanes (scalef) against the scalar twin, over x from 0 to past -104, through the range
+ * whose results are subnormal (-87.3 .. -103.3), and at 0, -0, -inf and NaN. */
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx2,fma"))) static void exp8(const float *x, float *y) {
+    _mm256_storeu_ps(y, cpu_exp_le0_8(_mm256_loadu_ps(x)));
+}
+__attribute__((target("avx512f"))) static void exp16(const float *x, float *y) {
+    _mm512_storeu_ps(y, cpu_exp_le0_16(_mm512_loadu_ps(x)));
+}
+#endif
+
+static void test_exp_le0_lanes(void **state) {
+    (void)state;
+#if defined(__x86_64__) || defined(__i386__)
+    enum { N = 4096 };
+    float *x = malloc(N * sizeof *x), *y8 = malloc(N * sizeof *y8), *y16 = malloc(N * sizeof *y16);
+    assert_true(x && y8 && y16);
+    rng r = {42};
+    for (int i = 0; i < N; i++) x[i] = i < N / 2 ? rng_unif(&r, -110, 0) : rng_unif(&r, -104, -86);
+    const float edge[] = {0.0f, -0.0f, -INFINITY, NAN, -104.0f, -103.97f, -87.33f, -1e-30f};
+    memcpy(x, edge, sizeof edge);
+    __builtin_cpu_init();
+    const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    const int avx512 = __builtin_cpu_supports("avx512f");
+    for (int i = 0; i < N; i += 16) {
+        if (avx2) exp8(x + i, y8 + i), exp8(x + i + 8, y8 + i + 8);
+        if (avx512) exp16(x + i, y16 + i);
+    }
+    int subnormal = 0;
+    for (int i = 0; i < N; i++) {
+        const float want = cpu_exp_le0(x[i]);
+        subnormal += want != 0 && fabsf(want) < FLT_MIN;
+        if (isnan(want)) {
+            assert_true((!avx2 || isnan(y8[i])) && (!avx512 || isnan(y16[i])));
+            continue;
+        }
+        if (avx2) assert_memory_equal(&y8[i], &want, sizeof want);
+        if (avx512) assert_memory_equal(&y16[i], &want, sizeof want);
+    }
+    assert_true(subnormal > 100); /* the inputs did reach the subnormal results */
+    free(x);
+    free(y8);
+    free(y16);
+#endif
+}
+
 /* ---------------------------------------------------------------- argmax */
 
 /* The greedy pick per row by the sampler's rules (NaN never, +inf as FLT_MAX with ties to the
@@ -1827,6 +1953,9 @@ int main(void) {
         cmocka_unit_test(test_state_caps_equal_segments),
         cmocka_unit_test(test_attention),
         cmocka_unit_test(test_attention_threads_agree),
+        cmocka_unit_test(test_attention_tiled_prefill),
+        cmocka_unit_test(test_attention_tiled_bits),
+        cmocka_unit_test(test_exp_le0_lanes),
         cmocka_unit_test(test_attention_long_context_decode_equals_prefill),
         cmocka_unit_test(test_attention_window),
         cmocka_unit_test(test_attention_window_threads_agree),

@@ -3,24 +3,35 @@
  * Promises: a one-pass softmax over chunks of keys (flash-attention style) that subtracts the
  * running maximum before every exp, so no score overflows; the normaliser is summed in double, the
  * weighted values in fp32. Keys and values may be F32, BF16, F16 or F8_E4M3 rows (a compact KV
- * cache). Results do not depend on the thread count.
+ * cache). Results do not depend on the thread count, and a query's output does not depend on
+ * which other queries share its call: a prefill chunk of any size, a verify's few queries and a
+ * decode of that one query give it the same bits.
  *
- * Two paths compute the same math:
- *  - generic (scalar and AVX2 tables, and heads longer than CPU_ATT_DMAX): tasks of (query, kv head,
- *    block of ATT_HB query heads) built on the kernels' dot_w / axpy_w, one key row at a time.
- *  - vectorised (kern.att_heads, AVX-512): every query head of a kv head (up to CPU_ATT_HB) in one
- *    pass over its K/V, one head per fp32 lane. A chunk of ATT_VK key rows is decoded to fp32 once;
- *    the scores of a key for all heads are one vector, sum over d of q^T[d] * k[d] (no horizontal
- *    sums), the softmax runs on those vectors with a polynomial exp, and values accumulate with the
- *    heads' probabilities broadcast. Decode splits the keys over threads by ranges, each
- *    range's (max, sum, unnormalised output) merged afterwards in range order, so the result is
- *    the same for any thread count; one decode task steps up to CPU_ATT_NB adjacent kv heads over
- *    its range together, so the cache rows stream once, front to back, with the rows ATT_PF
- *    steps ahead prefetched a line at a time among the arithmetic. At 8k keys (nano's 2 kv heads
- *    of 128, F32 cache) that took a decode's attention from 2.2-2.4 to 1.4-1.7 ms of CPU time
- *    on one thread (loaded machine), the reads having been a third of it. The scores take four
- *    d per row pointer loaded (the 16 pointers live in vector registers, each use a move):
- *    1.21 -> 1.15 ms best of 300 calls, one thread, alternating (same bits).
+ * Three paths:
+ *  - tiled (kern.att_block, every table; cpu_att_block.c): prefill. Tasks of (block of queries,
+ *    kv head, sub-group of up to CPU_ATT_HB query heads): a block's queries, up to
+ *    CPU_ATT_LANES / heads of them, share every K/V row read, one lane per (query, head). Each
+ *    query's keys are cut in ranges of ATT_RANGE from key 0, each range's softmax pieces folded
+ *    into its output in range order (att_fold). Only the steps that cross a query's causal edge
+ *    take the kernel's slow path; keys past every query of the block are never read.
+ *  - decode (T = 1): the keys split over threads by ranges, each range's (max, sum,
+ *    unnormalised output) merged afterwards in range order by the same att_fold, so the result
+ *    is the same for any thread count and the same as the query's prefill. AVX-512 runs
+ *    kern.att_heads: every query head of a kv head (up to CPU_ATT_HB) in one pass over its K/V,
+ *    one head per fp32 lane, ATT_VK key rows decoded to fp32 per step, the scores of a key for
+ *    all heads one vector, sum over d of q^T[d] * k[d] (no horizontal sums), values accumulated
+ *    with the heads' probabilities broadcast; one task steps up to CPU_ATT_NB adjacent kv heads
+ *    over its range together, so the cache rows stream once, front to back, with the rows
+ *    ATT_PF steps ahead prefetched a line at a time among the arithmetic. At 8k keys (nano's 2
+ *    kv heads of 128, F32 cache) that took a decode's attention from 2.2-2.4 to 1.4-1.7 ms of CPU
+ *    time on one thread (loaded machine), the reads having been a third of it. The scores take
+ *    four d per row pointer loaded (the 16 pointers live in vector registers, each use a move):
+ *    1.21 -> 1.15 ms best of 300 calls, one thread, alternating (same bits). Per lane its
+ *    operations are the tiled kernel's, in the same order (cpu_att_block.c says which), so the
+ *    two give a query the same bits. The other tables decode with att_block, one query a call.
+ *  - generic (heads longer than CPU_ATT_DMAX, and the sliding-window form): tasks of (query,
+ *    kv head, block of ATT_HB query heads) built on the kernels' dot_w / axpy_w, one key row at
+ *    a time.
  *
  * The sliding-window form runs the generic path over the positions of the window, its chunks cut
  * where the rows stop being contiguous: at the ring's wrap and where the new rows (positions
@@ -49,6 +60,8 @@ typedef struct att_job {
     int n_past, n_kv, group, n_sub;
     int64_t Dh;
     float scale;
+    int nq, n_qb;    /* tiled prefill: queries per block, blocks */
+    int64_t T;
     /* vectorised decode split over ranges: piece of (kv head, sub, range) at index
      * (kvh * n_sub + sub) * n_range + range */
     int n_range;
@@ -182,30 +195,54 @@ static cpu_att_args att_args_of(const att_job *j, int t, int kvh, int h0, int hb
     return a;
 }
 
-/* Prefill: task (t, kv head, sub) runs its query's ranges in order, folding each into out. */
-static void att_vec_task(void *arg, int begin, int end) {
+/* The tiled kernel's arguments for nq queries from t0, heads [h0, h0 + hb) of kv head kvh. */
+static cpu_att_blk att_blk_of(const att_job *j, int64_t t0, int nq, int kvh, int h0, int hb) {
+    const int64_t Dh = j->Dh;
+    cpu_att_blk a = {
+        .q = (const char *)(cpu_row(j->q, t0) + h0 * Dh), .q_stride = j->q->stride[0],
+        .nq = nq, .hb = hb, .Dh = Dh, .pos0 = j->n_past + t0,
+        .k0 = j->km.data + kvh * Dh * (int64_t)cn_dtype_size(j->km.dtype),
+        .v0 = j->vm.data + kvh * Dh * (int64_t)cn_dtype_size(j->vm.dtype),
+        .k_stride = j->km.stride, .v_stride = j->vm.stride, .kdt = j->km.dtype,
+        .vdt = j->vm.dtype, .kscale = j->km.scale, .vscale = j->vm.scale, .scale = j->scale};
+    return a;
+}
+
+/* Prefill: task (query block, kv head, sub) runs the block's key ranges in order, one kernel call
+ * each, folding every query's piece into its output row (a query whose keys end before a range
+ * takes nothing from it). The last blocks come first: they see the most keys, and the pool's
+ * ranges shrink toward the end of the loop. */
+static void att_blk_task(void *arg, int begin, int end) {
     const att_job *j = arg;
     const int64_t Dh = j->Dh;
-    float piece[CPU_ATT_HB * CPU_ATT_DMAX];
-    float pm[CPU_ATT_HB], M[CPU_ATT_HB];
-    double pl[CPU_ATT_HB], L[CPU_ATT_HB];
+    float piece[CPU_ATT_LANES * CPU_ATT_DMAX];
+    float pm[CPU_ATT_LANES], M[CPU_ATT_LANES];
+    double pl[CPU_ATT_LANES], L[CPU_ATT_LANES];
+    const int per_b = j->n_kv * j->n_sub;
     for (int i = begin; i < end; i++) {
-        int per_t = j->n_kv * j->n_sub;
-        int t = i / per_t, kvh = (i % per_t) / j->n_sub, sub = i % j->n_sub;
-        int h0 = kvh * j->group + sub * CPU_ATT_HB;
-        int hb = j->group - sub * CPU_ATT_HB < CPU_ATT_HB ? j->group - sub * CPU_ATT_HB : CPU_ATT_HB;
-        float *orow = cpu_row(j->out, t) + h0 * Dh;
-        const int64_t n_keys = (int64_t)j->n_past + t + 1;
-        for (int64_t s0 = 0; s0 < n_keys; s0 += ATT_RANGE) {
-            int64_t s1 = n_keys - s0 < ATT_RANGE ? n_keys : s0 + ATT_RANGE;
-            cpu_att_args a = att_args_of(j, t, kvh, h0, hb, s0, s1);
-            a.o = s0 == 0 ? orow : piece;
-            a.m = pm;
-            a.l = pl;
-            j->c->kern.att_heads(&a, 1);
-            att_fold(orow, M, L, a.o, pm, pl, hb, Dh, s0 == 0);
+        const int qb = j->n_qb - 1 - i / per_b, kvh = (i % per_b) / j->n_sub, sub = i % j->n_sub;
+        const int h0 = kvh * j->group + sub * CPU_ATT_HB;
+        const int hb = j->group - sub * CPU_ATT_HB < CPU_ATT_HB ? j->group - sub * CPU_ATT_HB
+                                                                : CPU_ATT_HB;
+        const int64_t t0 = (int64_t)qb * j->nq;
+        const int nq = j->T - t0 < j->nq ? (int)(j->T - t0) : j->nq;
+        cpu_att_blk a = att_blk_of(j, t0, nq, kvh, h0, hb);
+        a.o = piece;
+        a.m = pm;
+        a.l = pl;
+        const int64_t last = a.pos0 + nq - 1; /* the block's last query sees keys 0..last */
+        for (int64_t r0 = 0; r0 <= last; r0 += ATT_RANGE) {
+            a.s0 = r0;
+            a.s1 = last + 1 - r0 < ATT_RANGE ? last + 1 : r0 + ATT_RANGE;
+            j->c->kern.att_block(&a);
+            for (int qi = 0; qi < nq; qi++) {
+                if (a.pos0 + qi < r0) continue;
+                att_fold(cpu_row(j->out, t0 + qi) + h0 * Dh, M + qi * hb, L + qi * hb,
+                         piece + qi * hb * Dh, pm + qi * hb, pl + qi * hb, hb, Dh, r0 == 0);
+            }
         }
-        att_normalise(orow, L, hb, Dh);
+        for (int qi = 0; qi < nq; qi++)
+            att_normalise(cpu_row(j->out, t0 + qi) + h0 * Dh, L + qi * hb, hb, Dh);
     }
 }
 
@@ -228,22 +265,36 @@ static void att_range_task(void *arg, int begin, int end) {
             int hb = j->group - sub * CPU_ATT_HB < CPU_ATT_HB ? j->group - sub * CPU_ATT_HB
                                                               : CPU_ATT_HB;
             size_t piece = (size_t)ks * j->n_range + range;
+            float *o = j->piece_o + piece * CPU_ATT_HB * j->Dh, *m = j->piece_m + piece * CPU_ATT_HB;
+            double *l = j->piece_l + piece * CPU_ATT_HB;
+            if (!j->c->kern.att_heads) { /* the tiled kernel, one query */
+                cpu_att_blk b = att_blk_of(j, 0, 1, kvh, h0, hb);
+                b.o = o, b.m = m, b.l = l, b.s0 = s0, b.s1 = s1;
+                j->c->kern.att_block(&b);
+                continue;
+            }
             a[g] = att_args_of(j, 0, kvh, h0, hb, s0, s1);
-            a[g].o = j->piece_o + piece * CPU_ATT_HB * j->Dh;
-            a[g].m = j->piece_m + piece * CPU_ATT_HB;
-            a[g].l = j->piece_l + piece * CPU_ATT_HB;
+            a[g].o = o, a[g].m = m, a[g].l = l;
         }
-        j->c->kern.att_heads(a, n);
+        if (j->c->kern.att_heads) j->c->kern.att_heads(a, n);
     }
 }
 
-/* The vectorised attention: prefill by queries, decode (T = 1) by key ranges. */
+/* The vectorised attention: prefill by blocks of queries, decode (T = 1) by key ranges. */
 static int att_vec(cpu_ctx *c, att_job *j, int64_t T, int n_heads) {
     j->n_sub = (j->group + CPU_ATT_HB - 1) / CPU_ATT_HB;
     const int64_t Dh = j->Dh;
     int64_t work = T * n_heads * (j->n_past + T) * Dh * 4;
     if (T > 1) {
-        cpu_parallel(c, (int)T * j->n_kv * j->n_sub, work, att_vec_task, j);
+        /* as many queries a block as the lanes take, fewer when that would leave threads idle
+         * (a verify's few queries): a query's bits do not depend on its block */
+        const int hb = j->group < CPU_ATT_HB ? j->group : CPU_ATT_HB;
+        j->T = T;
+        j->nq = c->kern.att_block_lanes / hb;
+        while (j->nq > 1 && (T + j->nq - 1) / j->nq * j->n_kv * j->n_sub < 2 * c->n_threads)
+            j->nq = (j->nq + 1) / 2;
+        j->n_qb = (int)((T + j->nq - 1) / j->nq);
+        cpu_parallel(c, j->n_qb * j->n_kv * j->n_sub, work, att_blk_task, j);
         return CN_OK;
     }
     const int64_t n_keys = (int64_t)j->n_past + 1;
@@ -296,7 +347,7 @@ int cpu_attention(cn_backend *b, cn_tensor *out, const cn_tensor *q, const cn_te
                  .n_kv = n_kv_heads, .group = n_heads / n_kv_heads, .Dh = Dh, .scale = scale};
     j.km = cache_view(c, kc, Dh);
     j.vm = cache_view(c, vc, Dh);
-    if (c->kern.att_heads && Dh <= CPU_ATT_DMAX) return att_vec(c, &j, T, n_heads);
+    if (c->kern.att_block && Dh <= CPU_ATT_DMAX) return att_vec(c, &j, T, n_heads);
     j.n_sub = (j.group + ATT_HB - 1) / ATT_HB;
     int64_t work = T * n_heads * (n_past + T) * Dh * 4;
     cpu_parallel(c, (int)T * n_kv_heads * j.n_sub, work, att_task, &j);

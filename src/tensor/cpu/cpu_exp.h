@@ -1,5 +1,5 @@
-/* cpu_exp.h - e^x for x <= 0 in fp32, as 16 AVX-512 lanes and as a scalar twin that gives the
- * same bits on any ISA.
+/* cpu_exp.h - e^x for x <= 0 in fp32, as 16 AVX-512 lanes, as 8 AVX2 lanes and as a scalar twin,
+ * all three giving the same bits.
  *
  * Promises: 2^n * p(r), r = x - n ln 2 in [-ln2/2, ln2/2] (ln 2 in two parts), p the degree-6
  * Taylor polynomial (relative error below 2e-7); x at or below -104 gives 0 (2^-150 p rounds
@@ -50,6 +50,29 @@ static inline __attribute__((always_inline, target("avx512f"))) __m512 cpu_exp_l
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(p, n);
+}
+
+/* The same operations on 8 lanes (AVX2 + FMA). AVX2 has no scalef: 2^n (n in [-150, 0]) is
+ * applied as 2^a then 2^b, a = floor(n / 2), b = n - a, both at least -75: p * 2^a is normal and
+ * exact, so the one rounding is that of p * 2^n, scalef's and ldexpf's. */
+static inline __attribute__((always_inline, target("avx2,fma"))) __m256 cpu_exp_le0_8(__m256 x) {
+    x = _mm256_max_ps(_mm256_set1_ps(CPU_EXP_MIN), x); /* maxps returns x when x is NaN */
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(CPU_EXP_L2E)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(CPU_EXP_LN2_HI), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(CPU_EXP_LN2_LO), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    const __m256i ni = _mm256_cvtps_epi32(n), bias = _mm256_set1_epi32(127);
+    const __m256i a = _mm256_srai_epi32(ni, 1), b = _mm256_sub_epi32(ni, a);
+    const __m256 fa = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(a, bias), 23));
+    const __m256 fb = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(b, bias), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, fa), fb); /* NaN: p is NaN */
 }
 #endif
 

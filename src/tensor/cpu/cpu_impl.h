@@ -76,6 +76,28 @@ typedef struct cpu_att_args {
     float scale;          /* of the scores */
 } cpu_att_args;
 
+/* One call of the tiled prefill kernel (cpu_att_block.c): nq consecutive queries at positions
+ * pos0 .. pos0 + nq - 1, each over the same hb query heads of one kv head, against keys [s0, s1),
+ * query i seeing those below pos0 + i + 1. Lane x = i * hb + h of the outputs is (query i, head
+ * h): per lane the softmax pieces of cpu_att_args (o not normalised, m, l), over the keys that
+ * lane sees; a query none of whose keys lies in [s0, s1) gets a lane of no meaning. */
+typedef struct cpu_att_blk {
+    const char *q;       /* query i's hb heads (adjacent, fp32) at q + i * q_stride */
+    int64_t q_stride;    /* bytes */
+    float *o;            /* OUT: [nq * hb][Dh] */
+    float *m;            /* OUT: [nq * hb] */
+    double *l;           /* OUT: [nq * hb] */
+    int nq, hb;          /* nq * hb <= the table's att_block_lanes */
+    int64_t Dh;          /* 1..CPU_ATT_DMAX */
+    int64_t s0, s1;      /* s0 < s1 <= pos0 + nq */
+    int64_t pos0;
+    const char *k0, *v0; /* as cpu_att_args */
+    int64_t k_stride, v_stride;
+    cn_dtype kdt, vdt;
+    float kscale, vscale;
+    float scale;
+} cpu_att_blk;
+
 #define CPU_ATT_HB 16    /* query heads of one vectorised task: one per fp32 lane of a zmm */
 #define CPU_ATT_DMAX 256 /* longest head the vectorised path takes (its scratch is on the stack) */
 #define CPU_ATT_NB 4     /* argument sets one att_heads call steps together */
@@ -112,6 +134,10 @@ typedef struct cpu_kernels {
      * (adjacent kv heads) stream them once; each set gets the bits it gets alone (NULL:
      * cpu_attention's generic path, built on dot_w / axpy_w, is the one this ISA runs). */
     void (*att_heads)(const cpu_att_args *a, int n);
+    /* The tiled prefill attention of one block (cpu_att_block.c); att_block_lanes is the most
+     * nq * hb it takes (at least CPU_ATT_HB). NULL: the generic path. */
+    void (*att_block)(const cpu_att_blk *a);
+    int att_block_lanes;
     /* One row of a Mamba2 state: s[n] = s[n] * dA + dx * B[n] for n < N; returns sum s[n] * C[n]. */
     float (*ssm_row)(float *s, const float *B, const float *C, float dA, float dx, int64_t N);
     /* ssm_row for 8 consecutive rows s + i N, with dx[i], into out[i] (i < 8), N % 16 == 0: each
@@ -166,6 +192,10 @@ void cpu_kernels_scalar(cpu_kernels *k);
 void cpu_kernels_avx2(cpu_kernels *k);
 void cpu_kernels_avx512(cpu_kernels *k, int vnni);
 void cpu_att_heads_avx512(const cpu_att_args *a, int n); /* cpu_attention.c */
+void cpu_att_block_scalar(const cpu_att_blk *a);         /* cpu_att_block.c */
+void cpu_att_block_avx2(const cpu_att_blk *a);           /* cpu_att_block.c */
+void cpu_att_block_avx512(const cpu_att_blk *a);         /* cpu_att_block.c */
+#define CPU_ATT_LANES 64 /* att_block_lanes of every table */
 void cpu_silu_scalar(float *y, const float *x, int64_t n);  /* cpu_elementwise.c */
 void cpu_silu_avx512(float *y, const float *x, int64_t n);  /* cpu_elementwise.c */
 void cpu_quant_kernels_scalar(cpu_kernels *k);

@@ -138,6 +138,8 @@ void cpu_kernels_scalar(cpu_kernels *k) {
     k->axpy_w = sc_axpy;
     k->ssm_row = sc_ssm_row;
     k->att_heads = NULL;
+    k->att_block = cpu_att_block_scalar;
+    k->att_block_lanes = CPU_ATT_LANES;
     k->mm_rows = NULL;
     k->silu = cpu_silu_scalar;
     cpu_quant_kernels_scalar(k);
@@ -326,6 +328,8 @@ void cpu_kernels_avx2(cpu_kernels *k) {
     k->axpy_w = a2_axpy;
     k->ssm_row = a2_ssm_row;
     k->att_heads = NULL;
+    k->att_block = cpu_att_block_avx2;
+    k->att_block_lanes = CPU_ATT_LANES;
     k->mm_rows = NULL;
     k->silu = cpu_silu_scalar;
     cpu_quant_kernels_avx2(k);
@@ -716,6 +720,7 @@ void cpu_kernels_avx512(cpu_kernels *k, int vnni) {
     k->ssm_rows8 = a5_ssm_rows8;
     k->ssm_rows4x4 = a5_ssm_rows4x4;
     k->att_heads = cpu_att_heads_avx512;
+    k->att_block = cpu_att_block_avx512;
     k->silu = cpu_silu_avx512;
     cpu_quant_kernels_avx512(k, vnni);
 }
