@@ -22,8 +22,8 @@
  *             The two decode runs take turns in bursts of --burst tokens (default 8), each burst
  *             between two probes: probe, decode burst, probe, decode_8k burst, probe, ... On the
  *             CPU's shared machines memory bandwidth switches level every few minutes, so two
- *             runs timed minutes apart compared two different machines (0.88 in one sitting, 1.08
- *             in another); a pair of bursts fractions of a second apart sees one. A device
+ *             runs timed minutes apart compare two memory levels (decode_8k_over_start read 0.88
+ *             and 1.08 that way); a pair of bursts fractions of a second apart sees one. A device
  *             backend runs each side in one burst (its bandwidth holds still, and a switch of
  *             state re-captures its step graph).
  *   prefill_long a fresh state absorbs --long-context tokens (default 32768; timed apart,

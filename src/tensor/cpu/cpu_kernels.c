@@ -493,8 +493,7 @@ A5_IN void a5_tile_dt(int dt, const cpu_wmat *w, const float *const *xr, float *
  * pf). A task's first 6-row tile reads its 64 weight rows from memory, the later ones from L2:
  * alone the first ran at about a third of the FMA peak (one core pulls ~11 GB/s through 4 short
  * row streams), so an expert of 12 rows (2 tiles) ran at 95 GFLOP/s per CPU second, 133-135 with
- * the next block fetched during the current one (one thread, 24 matrices of 1856 x 2688
- * alternating in one sitting; 24 rows: 124-137 -> 138-152). */
+ * the next block fetched during the current one (one thread, 1856 x 2688 experts). */
 typedef struct a5_pf {
     const char *p, *end;    /* the next task's weight block, from p on */
     const char *xp, *xe;    /* the x row being fetched, from xp on */

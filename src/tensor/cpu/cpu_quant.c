@@ -19,8 +19,8 @@
  * Measured on this machine (AMD EPYC, Zen 5, one thread, thread CPU time, weight in L2, 256 x 2688):
  * decode (T=1) 57 G weights/s before (nibbles widened to 16-bit lanes, pshufb, 4 values per lane),
  * 95 after; prefill (T=64, 1856 x 2688) 85 G multiply-adds/s before, 106-116 after (half-block
- * lanes). Whole-block lanes, T=1024 on nano shapes, same sitting, machine loaded (one thread,
- * thread CPU time): in_proj 10304 x 2688 88-104 -> 113-123 G multiply-adds/s. The int8
+ * lanes). Whole-block lanes, T=1024 on nano shapes (one thread, thread CPU time): in_proj
+ * 10304 x 2688 88-104 -> 113-123 G multiply-adds/s. The int8
  * activations cost about 0.3% relative error per dot product (max-abs per 16, round to nearest).
  *
  * MXFP8 (E4M3 with an E8M0 exponent per 32) runs in fp32. AVX2: E4M3 -> fp16 bits by two shifts
