@@ -14,7 +14,7 @@ static void usage(FILE *f) {
           "  logits      write all-position logits of a token sequence\n"
           "  make-model  write a synthetic NemotronH checkpoint\n"
           "  info        describe a model directory\n"
-          "  serve       serve the Ollama and OpenAI HTTP APIs\n"
+          "  serve       serve the Ollama, OpenAI and Anthropic HTTP APIs\n"
           "  run         chat with a model in the terminal (one PROMPT, or interactive)\n"
           "  parse       split generated text into thinking, content and tool calls\n"
           "  render      write the prompt of a chat request (JSON on stdin)\n"

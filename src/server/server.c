@@ -217,12 +217,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!(cn = calloc(1, sizeof *cn))) return MHD_NO;
         *con_cls = cn;
         cn_peers_busy(&s->peers, peer_of(c), 1);
-        if (!authorized(s, c, url))
-            return send_error(c, url, 401, s->o.api_key && MHD_lookup_connection_value(
-                                                                c, MHD_HEADER_KIND,
-                                                                MHD_HTTP_HEADER_AUTHORIZATION)
-                                               ? "invalid API key"
-                                               : "missing API key: send Authorization: Bearer KEY");
+        if (!authorized(s, c, url)) {
+            int sent = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION) ||
+                       MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+            return send_error(c, url, 401, sent ? "invalid API key"
+                                                : "missing API key: send Authorization: Bearer KEY "
+                                                  "(or x-api-key: KEY)");
+        }
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > s->o.max_body) {
             char msg[128];

@@ -272,8 +272,8 @@ test('errors in Anthropic shape: bad JSON, missing messages, image, unknown mode
     { type: 'text', text: 'what is this?' }, { type: 'image', source: { type: 'base64', media_type: 'image/png', data: 'AA==' } }] }] })),
   400, 'invalid_request_error', /content\[1\]: image/);
   await expect(await post('/v1/messages', JSON.stringify({ model: 'gpt-9', max_tokens: 5, messages: ask })), 404, 'not_found_error', /gpt-9.*tiny.*claude-\*/);
-  await expect(await post('/v1/messages', JSON.stringify({ model: MODEL, messages: ask }), {}), 401, 'authentication_error', /API key/);
-  await expect(await post('/v1/messages', JSON.stringify({ model: MODEL, messages: ask }), { 'x-api-key': 'wrong' }), 401, 'authentication_error', /API key/);
+  await expect(await post('/v1/messages', JSON.stringify({ model: MODEL, messages: ask }), {}), 401, 'authentication_error', /missing API key/);
+  await expect(await post('/v1/messages', JSON.stringify({ model: MODEL, messages: ask }), { 'x-api-key': 'wrong' }), 401, 'authentication_error', /invalid API key/);
   await expect(await post('/v1/messages', JSON.stringify({ model: MODEL, max_tokens: 5, messages: ask, temperature: 3 })), 400, 'invalid_request_error', /temperature/);
   const get = await fetch(srv.url + '/v1/messages', { headers: { 'x-api-key': KEY } });
   await expect(get, 405, 'invalid_request_error', /not allowed/);
