@@ -1,8 +1,8 @@
 # Thin wrapper over CMake: `make` builds build/cairn, `make test` runs every test plainly and
 # under AddressSanitizer + UndefinedBehaviorSanitizer (never the GPU tests), `make test-cuda` builds
 # build-cuda with the CUDA backend and runs the GPU tests on a machine that has one (`make
-# memcheck-cuda`: under compute-sanitizer),
-# `make run` serves the default model (models/cobble, committed; MODEL=DIR for another), `make
+# memcheck-cuda`: under compute-sanitizer). `make run` chats with the default model in the
+# terminal, `make serve` serves it (models/cobble, committed; MODEL=DIR for another), `make
 # install` puts the binary in PREFIX/bin and the default model in PREFIX/share/cairn (PREFIX
 # defaults to /usr/local). On a fresh Debian or Ubuntu machine the first build installs the
 # packages it needs (tools/deps.sh; it names them when it cannot).
@@ -10,7 +10,7 @@ JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 MODEL ?= models/cobble
 PREFIX ?= /usr/local
 
-.PHONY: all deps build asan cuda test test-plain test-asan test-cuda memcheck-cuda run install clean
+.PHONY: all deps build asan cuda test test-plain test-asan test-cuda memcheck-cuda run serve install clean
 
 all: build
 
@@ -63,11 +63,14 @@ memcheck-cuda: cuda
 	  CAIRN_TEST_SEEDS=150 \
 	  compute-sanitizer --tool memcheck --error-exitcode 9 build-cuda/$$t || exit 1; done
 
-# models/tiny is not committed: a synthetic one is made when asked for (make run MODEL=models/tiny).
+# models/tiny is not committed: a synthetic one is made when asked for (make run MODEL=models/tiny, make serve MODEL=...).
 models/tiny/config.json: | build
 	./build/cairn make-model --preset tiny --out models/tiny
 
 run: build $(if $(filter models/tiny,$(MODEL)),models/tiny/config.json)
+	./build/cairn run --model $(MODEL)
+
+serve: build $(if $(filter models/tiny,$(MODEL)),models/tiny/config.json)
 	./build/cairn serve --model $(MODEL)
 
 install: build
