@@ -5,7 +5,7 @@ set -u
 cd "$(dirname "$0")/../.."
 bin=tests/node_modules/.bin
 if ! command -v node >/dev/null || [ ! -e $bin/qwen ] || [ ! -e $bin/opencode ] || [ ! -e $bin/codex ] || [ ! -e $bin/claude ]; then
-  echo "skipped: needs node and 'npm ci --prefix tests' (the agent CLIs)"
+  echo "skipped: needs node and 'npm install --prefix tests --no-save' (the agent CLIs)"
   exit 77
 fi
 mkdir -p "${CAIRN_TMP:-build/tmp}"

@@ -5,7 +5,7 @@ set -u
 cd "$(dirname "$0")/../.."
 if ! command -v node >/dev/null || [ ! -d tests/node_modules/openai ] || [ ! -d tests/node_modules/ollama ] ||
    [ ! -d tests/node_modules/@anthropic-ai/sdk ]; then
-  echo "skipped: needs node and 'npm ci --prefix tests'"
+  echo "skipped: needs node and 'npm install --prefix tests --no-save'"
   exit 77
 fi
 mkdir -p "${CAIRN_TMP:-build/tmp}"
