@@ -14,7 +14,8 @@ import { existsSync, mkdirSync, mkdtempSync } from 'node:fs';
 import path from 'node:path';
 import assert from 'node:assert/strict';
 
-export const BIN = process.env.CAIRN_BIN || 'build/cairn';
+import { serveModel } from '../server/harness.mjs';
+
 export const TMP = path.resolve(process.env.CAIRN_TMP || 'build/tmp');
 export const MODEL_DIR = process.env.CAIRN_AGENTS_MODEL || 'models/cobble';
 export const MODEL = 'cobble';
@@ -65,54 +66,17 @@ const REQ_LINE = /request: (\d+) tokens, (\d+) matched, (\d+) restored from cach
 
 // Starts `cairn serve --model models/cobble --port 0` with canned answers; resolves to
 // { url, log(), requests(), stop() } where requests() lists the engine's per-request figures.
-export function startCairn({ canned, afterTool } = {}) {
-  const env = { ...process.env, CAIRN_LOG: 'info' };
-  delete env.CAIRN_TEST_CANNED_OUTPUT;
-  delete env.CAIRN_TEST_CANNED_AFTER_TOOL;
-  if (canned) env.CAIRN_TEST_CANNED_OUTPUT = canned;
-  if (afterTool) env.CAIRN_TEST_CANNED_AFTER_TOOL = afterTool;
-  const args = ['serve', '--model', MODEL_DIR, '--name', MODEL, '--port', '0', '--ctx', '65536'];
-  const proc = spawn(BIN, args, { env, stdio: ['ignore', 'ignore', 'pipe'] });
-  let log = '';
-  return new Promise((resolve, reject) => {
-    const timer = setTimeout(() => {
-      proc.kill('SIGKILL');
-      reject(new Error('server did not start in 60 s:\n' + log));
-    }, 60000);
-    proc.stderr.on('data', (d) => {
-      log += d.toString();
-      const m = log.match(/serving \S+ on (http:\/\/[^\s]+):(\d+)/);
-      if (m && timer) {
-        clearTimeout(timer);
-        resolve({
-          url: `http://127.0.0.1:${m[2]}`,
-          log: () => log,
-          requests: () =>
-            [...log.matchAll(REQ_LINE)].map((x) => ({
-              tokens: +x[1], matched: +x[2], restored: +x[3], evaluated: +x[4], generated: +x[5],
-            })),
-          stop: () => stopProc(proc),
-        });
-      }
-    });
-    proc.on('exit', (code) => {
-      clearTimeout(timer);
-      reject(new Error(`server exited with ${code}:\n${log}`));
-    });
+export async function startCairn({ canned, afterTool } = {}) {
+  const s = await serveModel(MODEL_DIR, ['--name', MODEL, '--ctx', '65536'], {
+    CAIRN_TEST_CANNED_OUTPUT: canned ?? null,
+    CAIRN_TEST_CANNED_AFTER_TOOL: afterTool ?? null,
   });
-}
-
-function stopProc(proc) {
-  return new Promise((resolve) => {
-    if (proc.exitCode !== null) return resolve(proc.exitCode);
-    const t = setTimeout(() => proc.kill('SIGKILL'), 10000);
-    proc.removeAllListeners('exit');
-    proc.on('exit', (code, sig) => {
-      clearTimeout(t);
-      resolve(code ?? sig);
-    });
-    proc.kill('SIGTERM');
-  });
+  return {
+    ...s,
+    requests: () => [...s.log().matchAll(REQ_LINE)].map((x) => ({
+      tokens: +x[1], matched: +x[2], restored: +x[3], evaluated: +x[4], generated: +x[5],
+    })),
+  };
 }
 
 // Runs one client command with stdin closed, killed (whole process group) after timeoutMs;

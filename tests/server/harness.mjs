@@ -19,11 +19,17 @@ export function tinyModel() {
   return dir;
 }
 
-// Starts `cairn serve --model <tiny> --port 0 ...args`; resolves to { url, port, proc, log(), stop() }.
-export function startServer(args = [], env = {}) {
-  const model = tinyModel();
-  const proc = spawn(BIN, ['serve', '--model', model, '--port', '0', '--threads', '1', ...args], {
-    env: { ...process.env, CAIRN_LOG: 'info', ...env },
+// Starts `cairn serve --model MODEL --port 0 ...args`, its environment the process's with CAIRN_LOG
+// at info and env's entries set (or, where a value is null, removed); resolves to
+// { url, port, proc, log(), stop() }.
+export function serveModel(model, args = [], env = {}) {
+  const penv = { ...process.env, CAIRN_LOG: 'info' };
+  for (const [k, v] of Object.entries(env)) {
+    if (v === null || v === undefined) delete penv[k];
+    else penv[k] = v;
+  }
+  const proc = spawn(BIN, ['serve', '--model', model, '--port', '0', ...args], {
+    env: penv,
     stdio: ['ignore', 'ignore', 'pipe'],
   });
   let log = '';
@@ -52,6 +58,11 @@ export function startServer(args = [], env = {}) {
       reject(new Error(`server exited with ${code}:\n${log}`));
     });
   });
+}
+
+// The tiny model on one thread: serveModel(<tiny>, ['--threads', '1', ...args], env).
+export function startServer(args = [], env = {}) {
+  return serveModel(tinyModel(), ['--threads', '1', ...args], env);
 }
 
 function stopProc(proc) {
