@@ -46,9 +46,10 @@ typedef enum cn_api {
     CN_API_ANTHROPIC, /* /v1/messages */
 } cn_api;
 
-/* Turn starts marked per request: the last few, where the next request of a conversation
- * differs (a client that edits its last user message, or moves a reminder into the new one). */
-#define CN_JOB_MARKS 4
+/* Restore points a chat request marks: the last few turn starts and part starts, where the next
+ * request of a conversation differs (a client that edits its last user message, or moves a
+ * reminder out of it into the new one). */
+#define CN_JOB_MARKS 8
 
 typedef enum cn_job_state {
     CN_JOB_QUEUED,

@@ -14,6 +14,7 @@
 
 #include "server/request.h"
 #include "text/chat.h"
+#include "text/token_bytes.h"
 
 static int get_bool(const cJSON *o, const char *key, int dflt, int *v, cn_refusal *r) {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
@@ -90,6 +91,56 @@ static int chat_error(int rc, const cn_err *err, cn_refusal *r) {
     return cn_refuse(r, 400, NULL, "%s", err->msg[0] ? err->msg : cn_strerror(rc));
 }
 
+static int cmp_int(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* The job's marks (job.h): where the prompt's last turns begin (the turn token), and where each
+ * text part after the first of the last user message begins, for a client that drops a part of
+ * it in its next request. A part's mark is the last token boundary before the "\n" that joined
+ * it, so what comes before is the same text whatever follows. Bounded work; never fails (a mark
+ * it cannot place is left out). */
+static void mark_turns(const cn_api_env *env, cn_job *j, const cn_chat *chat, const char *prompt,
+                       size_t len) {
+    int n = 0, marks[2 * CN_JOB_MARKS];
+    int32_t turn = cn_text_turn_token(env->text);
+    for (int i = j->n_prompt - 1; turn >= 0 && i > 0 && n < CN_JOB_MARKS / 2; i--)
+        if (j->prompt[i] == turn) marks[n++] = i;
+    const cn_chat_message *last = NULL;
+    for (int i = chat->n_messages - 1; i >= 0 && !last; i--)
+        if (chat->messages[i].role == CN_CHAT_USER) last = &chat->messages[i];
+    const cn_token_bytes *tb = cn_text_token_bytes(env->text);
+    size_t *end = last && last->n_part_at ? malloc((size_t)j->n_prompt * sizeof *end) : NULL;
+    size_t at = 0;
+    for (int i = 0; end && i < j->n_prompt; i++) { /* each token's end, in prompt bytes */
+        at += j->prompt[i] >= 0 && j->prompt[i] < tb->n ? tb->len[j->prompt[i]] : 0;
+        end[i] = at;
+    }
+    if (end && at == len) /* the tokens spell the prompt: offsets map */
+        for (int p = last->n_part_at - 1, placed = 0; p >= 0 && placed < CN_JOB_MARKS / 2; p--) {
+            const char *part = last->content + last->part_at[p];
+            size_t pl = strnlen(part, 32), b = 0;
+            for (size_t s = pl <= len ? len - pl + 1 : 0; pl && s-- > 0;) /* its last occurrence */
+                if (!memcmp(prompt + s, part, pl)) {
+                    b = s;
+                    break;
+                }
+            if (b < 2) continue;
+            int k = 0; /* tokens ending before the joining "\n" at b - 1 */
+            while (k < j->n_prompt && end[k] <= b - 1) k++;
+            if (k > 0) marks[n++] = k, placed++;
+        }
+    free(end);
+    qsort(marks, (size_t)n, sizeof *marks, cmp_int);
+    int m = 0; /* ascending and distinct */
+    for (int i = 0; i < n; i++)
+        if (!m || marks[i] != marks[m - 1]) marks[m++] = marks[i];
+    int from = m > CN_JOB_MARKS ? m - CN_JOB_MARKS : 0; /* the last ones: nearest the end */
+    j->n_marks = m - from;
+    memcpy(j->marks, marks + from, (size_t)j->n_marks * sizeof *marks);
+}
+
 int cn_req_render_chat(const cn_api_env *env, cn_job *j, const cn_chat *chat, cn_refusal *r) {
     cn_err err;
     cn_err_clear(&err);
@@ -109,18 +160,9 @@ int cn_req_render_chat(const cn_api_env *env, cn_job *j, const cn_chat *chat, cn
         return cn_refuse(r, 500, NULL, "out of memory");
     }
     rc = cn_req_set_prompt(env, j, prompt, len, r);
+    if (!rc) mark_turns(env, j, chat, prompt, len);
     free(prompt);
-    if (rc) return rc;
-    /* the last CN_JOB_MARKS turn starts, ascending */
-    int32_t turn = cn_text_turn_token(env->text);
-    for (int i = j->n_prompt - 1; turn >= 0 && i > 0 && j->n_marks < CN_JOB_MARKS; i--)
-        if (j->prompt[i] == turn) j->marks[j->n_marks++] = i;
-    for (int a = 0, b = j->n_marks - 1; a < b; a++, b--) {
-        int t = j->marks[a];
-        j->marks[a] = j->marks[b];
-        j->marks[b] = t;
-    }
-    return CN_OK;
+    return rc;
 }
 
 int cn_ollama_chat_request(const cn_api_env *env, const char *body, size_t len, cn_job **out,

@@ -57,7 +57,7 @@ static int opt_bool(const cJSON *obj, const char *key, const char *where, int *o
 /* content: a string, or an array of text parts (objects of type text/input_text/output_text, or
  * plain strings) joined with "\n". */
 static int read_content(const cJSON *msg, cn_chat_role role, const char *where, char **out,
-                        cn_err *err) {
+                        size_t **part_at, int *n_part_at, cn_err *err) {
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(msg, "content");
     if (!c || cJSON_IsNull(c)) {
         if (role != CN_CHAT_ASSISTANT)
@@ -103,7 +103,16 @@ static int read_content(const cJSON *msg, cn_chat_role role, const char *where, 
             return cn_err_set(err, CN_EINVAL, "%s.content[%d]: expected a text part, got %s", where,
                               k, type_name(part));
         }
-        if (k) cn_strbuf_putc(&b, '\n');
+        if (k) {
+            cn_strbuf_putc(&b, '\n');
+            size_t *pa = realloc(*part_at, ((size_t)*n_part_at + 1) * sizeof *pa);
+            if (!pa) {
+                cn_strbuf_free(&b);
+                return OOM(err);
+            }
+            *part_at = pa;
+            pa[(*n_part_at)++] = b.len;
+        }
         cn_strbuf_puts(&b, text);
     }
     return cn_strbuf_take(&b, out, NULL) ? OOM(err) : 0;
@@ -173,7 +182,7 @@ static int read_message(const cJSON *m, int idx, cn_chat_message *out, cn_err *e
     const cJSON *images = cJSON_GetObjectItemCaseSensitive(m, "images");
     if (images && !cJSON_IsNull(images) && !(cJSON_IsArray(images) && !images->child))
         return cn_err_set(err, CN_EINVAL, "%s.images: images are not supported (text only)", where);
-    int rc = read_content(m, out->role, where, &out->content, err);
+    int rc = read_content(m, out->role, where, &out->content, &out->part_at, &out->n_part_at, err);
     if (rc) return rc;
     if ((rc = opt_string(m, "name", where, &out->name, err))) return rc;
     if (out->role == CN_CHAT_TOOL) {
@@ -347,6 +356,7 @@ void cn_chat_free(cn_chat *chat) {
     for (int k = 0; k < chat->n_messages; k++) {
         cn_chat_message *m = &chat->messages[k];
         free(m->content);
+        free(m->part_at);
         free(m->reasoning);
         free(m->tool_call_id);
         free(m->name);

@@ -47,6 +47,9 @@ typedef struct cn_chat_tool_call {
 typedef struct cn_chat_message {
     cn_chat_role role;
     char *content;                 /* UTF-8, never NULL */
+    size_t *part_at;               /* [n_part_at] where in content each text part after the
+                                    * first begins (content given as parts); NULL if none */
+    int n_part_at;
     char *reasoning;               /* assistant reasoning, NULL if none given */
     cn_chat_tool_call *tool_calls; /* assistant calls, n_tool_calls of them */
     int n_tool_calls;

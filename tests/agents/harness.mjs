@@ -117,17 +117,20 @@ export const TURN_SLACK = 32;
 
 // Asserts the second turn's request reused the first turn's prompt from the prefix cache: it
 // matched all of the first prompt but `rewritten` tokens the client is known to change in its
-// history, and evaluated at most the tokens it adds to the first prompt, plus TURN_SLACK, plus
-// `granularity` where the client's rewrite leaves the branch between restore points.
-export function assertCachedTurn(first, second, { rewritten = 0, granularity = 0 } = {}) {
+// history, resumed from a restore point at most the pre-end margin (4 tokens) below where the two
+// prompts part, and evaluated at most the tokens it adds to the first prompt (plus the rewritten
+// ones) plus TURN_SLACK.
+export function assertCachedTurn(first, second, { rewritten = 0 } = {}) {
   const added = second.tokens - first.tokens;
   const why = `(second turn: ${second.tokens} tokens, matched ${second.matched}, restored ` +
     `${second.restored}, evaluated ${second.evaluated}; first turn: ${first.tokens} tokens)`;
   assert.ok(added > 0, `the second turn extends the first ${why}`);
   assert.ok(second.matched >= first.tokens - rewritten - TURN_SLACK,
     `the second turn re-sent the first turn's prompt ${why}`);
-  assert.ok(second.evaluated <= added + rewritten + TURN_SLACK + granularity,
+  assert.ok(second.restored >= second.matched - 4,
+    `the second turn resumed well below where it left the first ${why}`);
+  assert.ok(second.evaluated <= added + rewritten + TURN_SLACK,
     `the second turn evaluated more than the ${added} tokens it adds plus ` +
-    `${rewritten + TURN_SLACK + granularity} ${why}`);
+    `${rewritten + TURN_SLACK} ${why}`);
   return why;
 }

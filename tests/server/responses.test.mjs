@@ -168,7 +168,8 @@ test('responses: a long prefill sends SSE comments, which the client skips', asy
   assert.match(raw, /^: prefill \d+\/\d+\n\n/m);
   assert.doesNotMatch(raw, /\[DONE\]/);
   const { final } = replay(await events(openai, { ...req, input: longText(500, 4) }));
-  assert.equal(final.usage.output_tokens, 2);
+  // the random model may end at its first token (a sampled end of sequence)
+  assert.ok(final.usage.output_tokens >= 1 && final.usage.output_tokens <= 2, JSON.stringify(final.usage));
 });
 
 test('responses: refusals name the field; the empty probe answers', async () => {
