@@ -381,6 +381,27 @@ static int probes_agree(double a, double b) {
     return lo > 0 && (hi - lo) / lo <= UNRELIABLE_SPREAD;
 }
 
+/* The timed stretch of a run: a bandwidth probe before it, the wall and CPU clocks, and at the
+ * end the probe after it and the run's figures (r->tokens over r->seconds). */
+typedef struct run_clock {
+    double t0, c0;
+} run_clock;
+
+static run_clock run_start(bench *B, run *r) {
+    r->bw_before = probe_bw(B);
+    return (run_clock){now_s(), clock_s(CLOCK_PROCESS_CPUTIME_ID)};
+}
+
+static void run_stop(bench *B, run *r, run_clock k) {
+    r->seconds = now_s() - k.t0;
+    double cpu = clock_s(CLOCK_PROCESS_CPUTIME_ID) - k.c0;
+    r->cpu_share = r->seconds > 0 ? cpu / (r->seconds * B->n_threads) : 0;
+    r->bw_after = probe_bw(B);
+    r->tok_s = r->seconds > 0 ? r->tokens / r->seconds : 0;
+    r->bw = (r->bw_before + r->bw_after) / 2;
+    r->reliable = probes_agree(r->bw_before, r->bw_after);
+}
+
 /* Runs one measurement on a fresh state: a prefill of n tokens, or n decodes, between two
  * bandwidth probes (the decodes at 8k of context: measure_decode_pair). */
 static int measure(bench *B, run *r, const char *name, int is_decode, int n) {
@@ -389,17 +410,10 @@ static int measure(bench *B, run *r, const char *name, int is_decode, int n) {
     r->tokens = n;
     int rc = cn_state_reset(B->s);
     if (rc) return rc;
-    r->bw_before = probe_bw(B);
-    double t0 = now_s(), c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
+    run_clock k = run_start(B, r);
     rc = is_decode ? decode(B, n) : prefill(B, n);
-    r->seconds = now_s() - t0;
-    double cpu = clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0;
-    r->cpu_share = r->seconds > 0 ? cpu / (r->seconds * B->n_threads) : 0;
-    r->bw_after = probe_bw(B);
+    run_stop(B, r, k);
     if (rc) return rc;
-    r->tok_s = r->seconds > 0 ? n / r->seconds : 0;
-    r->bw = (r->bw_before + r->bw_after) / 2;
-    r->reliable = probes_agree(r->bw_before, r->bw_after);
     fprintf(stderr, "cairn: %-10s %6d tokens in %8.3f s: %9.2f tok/s (cpu share %.2f, probes %.1f / %.1f GB/s%s)\n",
             name, n, r->seconds, r->tok_s, r->cpu_share, r->bw_before, r->bw_after, r->reliable ? "" : ", unreliable");
     return 0;
@@ -418,19 +432,11 @@ static int measure_long(bench *B, run *r, int ctx, int n, double *prefix_s) {
     rc = prefill(B, ctx);
     *prefix_s = now_s() - t0;
     if (rc) return rc;
-    r->bw_before = probe_bw(B);
     cn_batch b = {.tokens = B->toks + ctx, .n = n, .logits = B->logits};
-    t0 = now_s();
-    double c0 = clock_s(CLOCK_PROCESS_CPUTIME_ID);
+    run_clock k = run_start(B, r);
     rc = cn_model_forward(B->m, B->s, &b);
-    r->seconds = now_s() - t0;
-    double cpu = clock_s(CLOCK_PROCESS_CPUTIME_ID) - c0;
-    r->cpu_share = r->seconds > 0 ? cpu / (r->seconds * B->n_threads) : 0;
-    r->bw_after = probe_bw(B);
+    run_stop(B, r, k);
     if (rc) return rc;
-    r->tok_s = r->seconds > 0 ? n / r->seconds : 0;
-    r->bw = (r->bw_before + r->bw_after) / 2;
-    r->reliable = probes_agree(r->bw_before, r->bw_after);
     fprintf(stderr, "cairn: %-10s %6d tokens at context %d in %8.3f s: %9.2f tok/s (cpu share %.2f, probes "
                     "%.1f / %.1f GB/s%s; the prefix at %.2f tok/s)\n",
             r->name, n, ctx, r->seconds, r->tok_s, r->cpu_share, r->bw_before, r->bw_after,

@@ -390,10 +390,7 @@ static int sampling(cn_job *j, const cJSON *root, cn_refusal *r) {
     s->top_p = (float)p;
     s->top_k = (int)k;
     j->max_tokens = (int)mt;
-    const cJSON *st = get(root, "stream");
-    if (st && !cJSON_IsNull(st) && !cJSON_IsBool(st))
-        return cn_refuse(r, 400, "stream", "stream must be true or false");
-    j->stream = cJSON_IsTrue(st);
+    if ((rc = cn_req_bool(root, "stream", &j->stream, r))) return rc;
     const cJSON *stops = get(root, "stop_sequences");
     if (stops && !cJSON_IsNull(stops) && !cJSON_IsArray(stops))
         return cn_refuse(r, 400, "stop_sequences", "stop_sequences must be an array of strings");

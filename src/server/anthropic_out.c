@@ -28,12 +28,6 @@ enum { BLOCK_NONE, BLOCK_THINKING, BLOCK_TEXT };
 
 static const char PING[] = "event: ping\ndata: {\"type\": \"ping\"}\n\n";
 
-/* One SSE event; deletes o. */
-static int event(cn_job *j, const char *name, cJSON *o) {
-    char prefix[64];
-    snprintf(prefix, sizeof prefix, "event: %s\ndata: ", name);
-    return cn_api_send(j, prefix, o, "\n\n");
-}
 
 static cJSON *typed(const char *type) {
     cJSON *o = cJSON_CreateObject();
@@ -122,7 +116,7 @@ static int start(cn_job *j) {
     j->sent_role = 1;
     cJSON *content, *o = typed("message_start");
     cJSON_AddItemToObject(o, "message", message(j, 0, &content));
-    return event(j, "message_start", o);
+    return cn_api_send_event(j, "message_start", o);
 }
 
 static int block_start(cn_job *j, int kind, cJSON *block) {
@@ -131,7 +125,7 @@ static int block_start(cn_job *j, int kind, cJSON *block) {
     cJSON_AddItemToObject(o, "content_block", block);
     j->n_blocks++;
     j->open_block = kind;
-    return event(j, "content_block_start", o);
+    return cn_api_send_event(j, "content_block_start", o);
 }
 
 /* A delta of the open block (the last started); deletes delta on error too. */
@@ -139,7 +133,7 @@ static int block_delta(cn_job *j, cJSON *delta) {
     cJSON *o = typed("content_block_delta");
     cJSON_AddNumberToObject(o, "index", j->n_blocks - 1);
     cJSON_AddItemToObject(o, "delta", delta);
-    return event(j, "content_block_delta", o);
+    return cn_api_send_event(j, "content_block_delta", o);
 }
 
 static int block_stop(cn_job *j) {
@@ -152,7 +146,7 @@ static int block_stop(cn_job *j) {
     }
     cJSON *o = typed("content_block_stop");
     cJSON_AddNumberToObject(o, "index", j->n_blocks - 1);
-    return event(j, "content_block_stop", o);
+    return cn_api_send_event(j, "content_block_stop", o);
 }
 
 static int progress(cn_job *j, int done, int total) {
@@ -188,7 +182,7 @@ static int tool_call(cn_job *j, int index) {
     if ((rc = block_delta(j, d))) return rc;
     cJSON *o = typed("content_block_stop");
     cJSON_AddNumberToObject(o, "index", j->n_blocks - 1);
-    return event(j, "content_block_stop", o);
+    return cn_api_send_event(j, "content_block_stop", o);
 }
 
 /* ---- the end ------------------------------------------------------------------------------ */
@@ -199,7 +193,7 @@ static int error_frame(cn_job *j, int rc) {
     /* a server shutting down is worth a retry elsewhere or later */
     cJSON_AddStringToObject(e, "type", rc == CN_ECANCELED ? "overloaded_error" : "api_error");
     cJSON_AddStringToObject(e, "message", cn_strerror(rc));
-    return j->stream ? event(j, "error", o) : cn_api_send(j, "", o, "\n");
+    return j->stream ? cn_api_send_event(j, "error", o) : cn_api_send(j, "", o, "\n");
 }
 
 static int final(cn_job *j, int rc) {
@@ -212,8 +206,8 @@ static int final(cn_job *j, int rc) {
         cJSON *d = cJSON_AddObjectToObject(o, "delta");
         add_stop(d, j, 1);
         cJSON_AddItemToObject(o, "usage", usage(j));
-        if ((w = event(j, "message_delta", o))) return w;
-        return event(j, "message_stop", typed("message_stop"));
+        if ((w = cn_api_send_event(j, "message_delta", o))) return w;
+        return cn_api_send_event(j, "message_stop", typed("message_stop"));
     }
     cJSON *content, *o = message(j, 1, &content);
     if (j->thinking_len) cJSON_AddItemToArray(content, thinking_block(j, cn_job_thinking(j), 1));

@@ -38,6 +38,12 @@ int cn_api_send(cn_job *j, const char *prefix, cJSON *o, const char *suffix) {
     return rc;
 }
 
+int cn_api_send_event(cn_job *j, const char *name, cJSON *o) {
+    char prefix[128];
+    snprintf(prefix, sizeof prefix, "event: %s\ndata: ", name);
+    return cn_api_send(j, prefix, o, "\n\n");
+}
+
 const char *cn_api_finish_reason(const cn_job *j, int openai) {
     if (openai && j->n_calls > 0) return "tool_calls";
     if (j->res.stop == CN_STOP_LENGTH) return "length";

@@ -48,6 +48,8 @@ int cn_responses_fail_stream(cn_job *j, const char *code, const char *msg);
 /* Writes cJSON o compactly followed by suffix ("\n" for NDJSON, "\n\n" for SSE) after prefix
  * ("data: " for SSE, "" otherwise); deletes o. Returns 0, CN_ENOMEM or the channel's code. */
 int cn_api_send(cn_job *j, const char *prefix, cJSON *o, const char *suffix);
+/* An SSE event with its name: `event: NAME\ndata: {o}\n\n` (as cn_api_send; deletes o). */
+int cn_api_send_event(cn_job *j, const char *name, cJSON *o);
 /* "stop", "length" (or "tool_calls" when asked and the job made calls). */
 const char *cn_api_finish_reason(const cn_job *j, int openai);
 /* An ISO 8601 UTC time with nanoseconds, as Ollama's created_at. buf: at least 40 bytes. */

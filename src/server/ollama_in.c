@@ -14,18 +14,6 @@
 
 #include "server/request.h"
 #include "text/chat.h"
-#include "text/token_bytes.h"
-
-static int get_bool(const cJSON *o, const char *key, int dflt, int *v, cn_refusal *r) {
-    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
-    if (!x || cJSON_IsNull(x)) {
-        *v = dflt;
-        return CN_OK;
-    }
-    if (!cJSON_IsBool(x)) return cn_refuse(r, 400, key, "%s must be true or false", key);
-    *v = cJSON_IsTrue(x);
-    return CN_OK;
-}
 
 /* options {...}: sampling, length, stop strings. */
 static int options(cn_job *j, const cJSON *root, cn_refusal *r) {
@@ -56,8 +44,8 @@ static int options(cn_job *j, const cJSON *root, cn_refusal *r) {
     double num_ctx = 1;
     if ((rc = cn_req_number(o, "num_ctx", 1, 1e9, &num_ctx, r))) return rc; /* the server's --ctx rules */
     /* speculate: false decodes plainly; the output is the same either way (speculate.h) */
-    int spec = 1; /* get_bool sets it; -O3 cannot see that (maybe-uninitialized) */
-    if ((rc = get_bool(o, "speculate", 1, &spec, r))) return rc;
+    int spec = 1; /* speculation unless options.speculate is false */
+    if ((rc = cn_req_bool(o, "speculate", &spec, r))) return rc;
     j->no_speculate = !spec;
     return cn_req_stops(j, cJSON_GetObjectItemCaseSensitive(o, "stop"), "options.stop", 64, r);
 }
@@ -65,7 +53,8 @@ static int options(cn_job *j, const cJSON *root, cn_refusal *r) {
 /* Shared tail of both endpoints: stream, format (*fmt: NULL for none), the refused extras,
  * options. */
 static int common(cn_job *j, const cJSON *root, const cJSON **fmt, cn_refusal *r) {
-    int rc = get_bool(root, "stream", 1, &j->stream, r);
+    j->stream = 1; /* Ollama streams unless told not to */
+    int rc = cn_req_bool(root, "stream", &j->stream, r);
     if (rc) return rc;
     const cJSON *f = cJSON_GetObjectItemCaseSensitive(root, "format");
     *fmt = NULL;
@@ -84,85 +73,6 @@ static int common(cn_job *j, const cJSON *root, const cJSON **fmt, cn_refusal *r
 static int apply_format(const cn_api_env *env, cn_job *j, const cJSON *fmt, cn_refusal *r) {
     if (!fmt) return CN_OK;
     return cn_req_json_constraint(env, j, cJSON_IsObject(fmt) ? fmt : NULL, "format", r);
-}
-
-static int chat_error(int rc, const cn_err *err, cn_refusal *r) {
-    if (rc == CN_ENOMEM) return cn_refuse(r, 500, NULL, "out of memory");
-    return cn_refuse(r, 400, NULL, "%s", err->msg[0] ? err->msg : cn_strerror(rc));
-}
-
-static int cmp_int(const void *a, const void *b) {
-    int x = *(const int *)a, y = *(const int *)b;
-    return (x > y) - (x < y);
-}
-
-/* The job's marks (job.h): where the prompt's last turns begin (the turn token), and where each
- * text part after the first of the last user message begins, for a client that drops a part of
- * it in its next request. A part's mark is the last token boundary before the "\n" that joined
- * it, so what comes before is the same text whatever follows. Bounded work; never fails (a mark
- * it cannot place is left out). */
-static void mark_turns(const cn_api_env *env, cn_job *j, const cn_chat *chat, const char *prompt,
-                       size_t len) {
-    int n = 0, marks[2 * CN_JOB_MARKS];
-    int32_t turn = cn_text_turn_token(env->text);
-    for (int i = j->n_prompt - 1; turn >= 0 && i > 0 && n < CN_JOB_MARKS / 2; i--)
-        if (j->prompt[i] == turn) marks[n++] = i;
-    const cn_chat_message *last = NULL;
-    for (int i = chat->n_messages - 1; i >= 0 && !last; i--)
-        if (chat->messages[i].role == CN_CHAT_USER) last = &chat->messages[i];
-    const cn_token_bytes *tb = cn_text_token_bytes(env->text);
-    size_t *end = last && last->n_part_at ? malloc((size_t)j->n_prompt * sizeof *end) : NULL;
-    size_t at = 0;
-    for (int i = 0; end && i < j->n_prompt; i++) { /* each token's end, in prompt bytes */
-        at += j->prompt[i] >= 0 && j->prompt[i] < tb->n ? tb->len[j->prompt[i]] : 0;
-        end[i] = at;
-    }
-    if (end && at == len) /* the tokens spell the prompt: offsets map */
-        for (int p = last->n_part_at - 1, placed = 0; p >= 0 && placed < CN_JOB_MARKS / 2; p--) {
-            const char *part = last->content + last->part_at[p];
-            size_t pl = strnlen(part, 32), b = 0;
-            for (size_t s = pl <= len ? len - pl + 1 : 0; pl && s-- > 0;) /* its last occurrence */
-                if (!memcmp(prompt + s, part, pl)) {
-                    b = s;
-                    break;
-                }
-            if (b < 2) continue;
-            int k = 0; /* tokens ending before the joining "\n" at b - 1 */
-            while (k < j->n_prompt && end[k] <= b - 1) k++;
-            if (k > 0) marks[n++] = k, placed++;
-        }
-    free(end);
-    qsort(marks, (size_t)n, sizeof *marks, cmp_int);
-    int m = 0; /* ascending and distinct */
-    for (int i = 0; i < n; i++)
-        if (!m || marks[i] != marks[m - 1]) marks[m++] = marks[i];
-    int from = m > CN_JOB_MARKS ? m - CN_JOB_MARKS : 0; /* the last ones: nearest the end */
-    j->n_marks = m - from;
-    memcpy(j->marks, marks + from, (size_t)j->n_marks * sizeof *marks);
-}
-
-int cn_req_render_chat(const cn_api_env *env, cn_job *j, const cn_chat *chat, cn_refusal *r) {
-    cn_err err;
-    cn_err_clear(&err);
-    char *prompt = NULL;
-    size_t len = 0;
-    int rc = cn_render(cn_text_renderer(env->text), chat, &prompt, &len, &err);
-    if (rc) return chat_error(rc, &err, r);
-    j->parse = 1;
-    j->thinking = cn_chat_thinking(chat, 1);
-    if (env->canned_after_tool && chat->messages[chat->n_messages - 1].role == CN_CHAT_TOOL) {
-        j->canned = env->canned_after_tool;
-        j->ignore_eos = 1; /* as for env->canned: the canned text decides the end */
-    }
-    if (chat->tools && cJSON_GetArraySize(chat->tools) > 0 &&
-        !(j->tools = cJSON_Duplicate(chat->tools, 1))) {
-        free(prompt);
-        return cn_refuse(r, 500, NULL, "out of memory");
-    }
-    rc = cn_req_set_prompt(env, j, prompt, len, r);
-    if (!rc) mark_turns(env, j, chat, prompt, len);
-    free(prompt);
-    return rc;
 }
 
 int cn_ollama_chat_request(const cn_api_env *env, const char *body, size_t len, cn_job **out,
@@ -184,7 +94,7 @@ int cn_ollama_chat_request(const cn_api_env *env, const char *body, size_t len, 
     cn_err err;
     cn_err_clear(&err);
     if ((rc = cn_chat_parse(&chat, body, len, &err))) {
-        rc = chat_error(rc, &err, r);
+        rc = cn_req_chat_error(rc, &err, r);
         goto out;
     }
     if (!(rc = cn_req_render_chat(env, j, &chat, r))) rc = apply_format(env, j, fmt, r);
@@ -240,8 +150,8 @@ int cn_ollama_generate_request(const cn_api_env *env, const char *body, size_t l
         goto out;
     }
     const char *prompt = p && cJSON_IsString(p) ? p->valuestring : "";
-    int raw = 0; /* get_bool sets it; -O3 cannot see that (maybe-uninitialized) */
-    if ((rc = get_bool(root, "raw", 0, &raw, r))) goto out;
+    int raw = 0;
+    if ((rc = cn_req_bool(root, "raw", &raw, r))) goto out;
     if (raw) { /* the prompt is the model's input, byte for byte; output is not split */
         if (sys && cJSON_IsString(sys) && *sys->valuestring) {
             rc = cn_refuse(r, 400, "system", "system cannot be combined with raw");
@@ -273,7 +183,7 @@ int cn_ollama_generate_request(const cn_api_env *env, const char *body, size_t l
     cn_err err;
     cn_err_clear(&err);
     if ((rc = cn_chat_parse(&chat, cj, strlen(cj), &err))) {
-        rc = chat_error(rc, &err, r);
+        rc = cn_req_chat_error(rc, &err, r);
         goto out;
     }
     if (!(rc = cn_req_render_chat(env, j, &chat, r))) rc = apply_format(env, j, fmt, r);

@@ -51,14 +51,11 @@ static int sampling(cn_job *j, const cJSON *root, cn_refusal *r) {
     const cJSON *lp = cJSON_GetObjectItemCaseSensitive(root, "logprobs");
     if (lp && !cJSON_IsNull(lp) && !cJSON_IsFalse(lp))
         return cn_refuse(r, 400, "logprobs", "logprobs is not supported");
-    const cJSON *st = cJSON_GetObjectItemCaseSensitive(root, "stream");
-    if (st && !cJSON_IsNull(st) && !cJSON_IsBool(st))
-        return cn_refuse(r, 400, "stream", "stream must be true or false");
-    j->stream = cJSON_IsTrue(st);
-    const cJSON *ie = cJSON_GetObjectItemCaseSensitive(root, "ignore_eos");
-    if (ie && !cJSON_IsNull(ie) && !cJSON_IsBool(ie))
-        return cn_refuse(r, 400, "ignore_eos", "ignore_eos must be true or false");
-    j->ignore_eos |= cJSON_IsTrue(ie); /* canned test output sets it already */
+    int ie = 0;
+    if ((rc = cn_req_bool(root, "stream", &j->stream, r)) ||
+        (rc = cn_req_bool(root, "ignore_eos", &ie, r)))
+        return rc;
+    j->ignore_eos |= ie; /* canned test output sets it already */
     const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
     if (so && !cJSON_IsNull(so)) {
         if (!cJSON_IsObject(so))

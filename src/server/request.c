@@ -1,7 +1,10 @@
 /* request.c - validation helpers shared by the dialects' request builders; see request.h. */
 #include "server/request.h"
 
+#include "text/chat.h"
 #include "text/pyjson.h"
+#include "text/render.h"
+#include "text/token_bytes.h"
 
 #include <fnmatch.h>
 #include <math.h>
@@ -96,6 +99,85 @@ int cn_req_set_prompt(const cn_api_env *env, cn_job *j, const char *text, size_t
     return CN_OK;
 }
 
+int cn_req_chat_error(int rc, const cn_err *err, cn_refusal *r) {
+    if (rc == CN_ENOMEM) return cn_refuse(r, 500, NULL, "out of memory");
+    return cn_refuse(r, 400, NULL, "%s", err->msg[0] ? err->msg : cn_strerror(rc));
+}
+
+static int cmp_int(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+/* The job's marks (job.h): where the prompt's last turns begin (the turn token), and where each
+ * text part after the first of the last user message begins, for a client that drops a part of
+ * it in its next request. A part's mark is the last token boundary before the "\n" that joined
+ * it, so what comes before is the same text whatever follows. Bounded work; never fails (a mark
+ * it cannot place is left out). */
+static void mark_turns(const cn_api_env *env, cn_job *j, const cn_chat *chat, const char *prompt,
+                       size_t len) {
+    int n = 0, marks[2 * CN_JOB_MARKS];
+    int32_t turn = cn_text_turn_token(env->text);
+    for (int i = j->n_prompt - 1; turn >= 0 && i > 0 && n < CN_JOB_MARKS / 2; i--)
+        if (j->prompt[i] == turn) marks[n++] = i;
+    const cn_chat_message *last = NULL;
+    for (int i = chat->n_messages - 1; i >= 0 && !last; i--)
+        if (chat->messages[i].role == CN_CHAT_USER) last = &chat->messages[i];
+    const cn_token_bytes *tb = cn_text_token_bytes(env->text);
+    size_t *end = last && last->n_part_at ? malloc((size_t)j->n_prompt * sizeof *end) : NULL;
+    size_t at = 0;
+    for (int i = 0; end && i < j->n_prompt; i++) { /* each token's end, in prompt bytes */
+        at += j->prompt[i] >= 0 && j->prompt[i] < tb->n ? tb->len[j->prompt[i]] : 0;
+        end[i] = at;
+    }
+    if (end && at == len) /* the tokens spell the prompt: offsets map */
+        for (int p = last->n_part_at - 1, placed = 0; p >= 0 && placed < CN_JOB_MARKS / 2; p--) {
+            const char *part = last->content + last->part_at[p];
+            size_t pl = strnlen(part, 32), b = 0;
+            for (size_t s = pl <= len ? len - pl + 1 : 0; pl && s-- > 0;) /* its last occurrence */
+                if (!memcmp(prompt + s, part, pl)) {
+                    b = s;
+                    break;
+                }
+            if (b < 2) continue;
+            int k = 0; /* tokens ending before the joining "\n" at b - 1 */
+            while (k < j->n_prompt && end[k] <= b - 1) k++;
+            if (k > 0) marks[n++] = k, placed++;
+        }
+    free(end);
+    qsort(marks, (size_t)n, sizeof *marks, cmp_int);
+    int m = 0; /* ascending and distinct */
+    for (int i = 0; i < n; i++)
+        if (!m || marks[i] != marks[m - 1]) marks[m++] = marks[i];
+    int from = m > CN_JOB_MARKS ? m - CN_JOB_MARKS : 0; /* the last ones: nearest the end */
+    j->n_marks = m - from;
+    memcpy(j->marks, marks + from, (size_t)j->n_marks * sizeof *marks);
+}
+
+int cn_req_render_chat(const cn_api_env *env, cn_job *j, const cn_chat *chat, cn_refusal *r) {
+    cn_err err;
+    cn_err_clear(&err);
+    char *prompt = NULL;
+    size_t len = 0;
+    int rc = cn_render(cn_text_renderer(env->text), chat, &prompt, &len, &err);
+    if (rc) return cn_req_chat_error(rc, &err, r);
+    j->parse = 1;
+    j->thinking = cn_chat_thinking(chat, 1);
+    if (env->canned_after_tool && chat->messages[chat->n_messages - 1].role == CN_CHAT_TOOL) {
+        j->canned = env->canned_after_tool;
+        j->ignore_eos = 1; /* as for env->canned: the canned text decides the end */
+    }
+    if (chat->tools && cJSON_GetArraySize(chat->tools) > 0 &&
+        !(j->tools = cJSON_Duplicate(chat->tools, 1))) {
+        free(prompt);
+        return cn_refuse(r, 500, NULL, "out of memory");
+    }
+    rc = cn_req_set_prompt(env, j, prompt, len, r);
+    if (!rc) mark_turns(env, j, chat, prompt, len);
+    free(prompt);
+    return rc;
+}
+
 int cn_req_json_constraint(const cn_api_env *env, cn_job *j, const cJSON *schema,
                            const char *param, cn_refusal *r) {
     cn_err err;
@@ -128,6 +210,14 @@ int cn_req_number(const cJSON *o, const char *key, double lo, double hi, double 
     if (x->valuedouble < lo || x->valuedouble > hi)
         return cn_refuse(r, 400, key, "%s must be in [%g, %g], got %g", key, lo, hi, x->valuedouble);
     *v = x->valuedouble;
+    return CN_OK;
+}
+
+int cn_req_bool(const cJSON *o, const char *key, int *v, cn_refusal *r) {
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!x || cJSON_IsNull(x)) return CN_OK;
+    if (!cJSON_IsBool(x)) return cn_refuse(r, 400, key, "%s must be true or false", key);
+    *v = cJSON_IsTrue(x);
     return CN_OK;
 }
 

@@ -75,6 +75,8 @@ int cn_req_check_model(const cn_api_env *env, const cJSON *root, cn_refusal *r);
  * (then j->room_bound = 1). */
 int cn_req_set_prompt(const cn_api_env *env, cn_job *j, const char *text, size_t n,
                       cn_refusal *r);
+/* A chat parser's or renderer's error as a refusal: 500 without memory, else 400 with its message. */
+int cn_req_chat_error(int rc, const cn_err *err, cn_refusal *r);
 /* Renders a parsed chat into the job's prompt (then as cn_req_set_prompt); turns the parser on
  * with the chat's thinking mode and a copy of its tools. A chat ending in a tool result gets
  * env->canned_after_tool as its canned text when that is set (tests only). */
@@ -90,6 +92,8 @@ int cn_req_tool_constraint(const cn_api_env *env, cn_job *j, const char *only, c
 /* Reads a number member: absent/null leaves *v; a non-number or outside [lo, hi] refuses. */
 int cn_req_number(const cJSON *o, const char *key, double lo, double hi, double *v,
                   cn_refusal *r);
+/* Reads a boolean member: absent/null leaves *v; anything but true/false refuses. */
+int cn_req_bool(const cJSON *o, const char *key, int *v, cn_refusal *r);
 /* Adds stop strings from a string or an array of strings (at most max); refuses other types. */
 int cn_req_stops(cn_job *j, const cJSON *stop, const char *param, int max, cn_refusal *r);
 /* A fresh job with model name, id (prefix + random hex) and a random seed. Call after

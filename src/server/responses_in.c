@@ -341,14 +341,6 @@ static int tools(const cJSON *root, const char *id, cJSON *out, cn_refusal *r) {
 
 /* ---- the rest of the body ------------------------------------------------------------------ */
 
-static int get_bool(const cJSON *root, const char *key, int *v, cn_refusal *r) {
-    const cJSON *x = get(root, key);
-    if (absent(x)) return CN_OK;
-    if (!cJSON_IsBool(x)) return cn_refuse(r, 400, key, "%s must be true or false", key);
-    *v = cJSON_IsTrue(x);
-    return CN_OK;
-}
-
 /* The echo member key: the request's value, or dflt (owned) when absent. */
 static int echo(cJSON *e, const cJSON *root, const char *key, cJSON *dflt, cn_refusal *r) {
     const cJSON *v = get(root, key);
@@ -371,10 +363,10 @@ static int options(cn_job *j, const cJSON *root, int *think, cn_refusal *r) {
                              "repeated part cheap)", stateful[i]);
     const cJSON *bg = get(root, "background");
     if (cJSON_IsTrue(bg)) return cn_refuse(r, 400, "background", "background responses are not supported");
-    int rc = get_bool(root, "stream", &j->stream, r);
+    int rc = cn_req_bool(root, "stream", &j->stream, r);
     if (rc) return rc;
     int parallel = 1;
-    if ((rc = get_bool(root, "parallel_tool_calls", &parallel, r))) return rc;
+    if ((rc = cn_req_bool(root, "parallel_tool_calls", &parallel, r))) return rc;
     cn_sampler_params *s = &j->sampling;
     s->temperature = 1.0f; /* OpenAI's defaults */
     s->top_p = 1.0f;

@@ -158,10 +158,7 @@ static cJSON *event(cn_job *j, const char *type) {
 
 static int send_event(cn_job *j, cJSON *o) {
     if (!o) return CN_ENOMEM;
-    const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "type");
-    char prefix[96];
-    snprintf(prefix, sizeof prefix, "event: %s\ndata: ", t->valuestring);
-    return cn_api_send(j, prefix, o, "\n\n");
+    return cn_api_send_event(j, cJSON_GetObjectItemCaseSensitive(o, "type")->valuestring, o);
 }
 
 /* An event about item k: type, item_id, output_index (and content_index for text parts). */

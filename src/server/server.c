@@ -115,6 +115,8 @@ static void reader_free(void *cls) {
     free(st);
 }
 
+#define ALLOWED "GET, HEAD, POST, OPTIONS" /* every route's methods, for 204 and 405 */
+
 static enum MHD_Result send_json(struct MHD_Connection *c, int status, cJSON *body,
                                  int retry_after) {
     struct MHD_Response *r;
@@ -122,7 +124,7 @@ static enum MHD_Result send_json(struct MHD_Connection *c, int status, cJSON *bo
         cJSON_Delete(body);
         r = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
         if (!r) return MHD_NO;
-        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD, POST, OPTIONS");
+        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, ALLOWED);
         enum MHD_Result ret = MHD_queue_response(c, 204, r);
         MHD_destroy_response(r);
         return ret;
@@ -140,7 +142,7 @@ static enum MHD_Result send_json(struct MHD_Connection *c, int status, cJSON *bo
         free(s);
         return MHD_NO;
     }
-    if (status == 405) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD, POST, OPTIONS");
+    if (status == 405) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, ALLOWED);
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json; charset=utf-8");
     if (retry_after > 0) {
         char ra[16];
