@@ -773,14 +773,19 @@ static int level_for_close(cn_prefix_cache *pc, cn_pc_session *sess) {
     return stale;
 }
 
-int cn_pc_close(cn_prefix_cache *pc, cn_pc_session *sess) {
-    pc->pinned = NULL; /* close splits and merges nodes; the frontier protects from here on */
-    int stale = level_for_close(pc, sess) | pc->live_stale;
-    int o = pc->live->offset, rc = CN_OK;
-    /* 1. every capture the forwards crossed becomes a node with its recurrent state */
+/* Every capture the forwards crossed at or below offset o becomes a node with its recurrent
+ * state; those are taken out of the session, the ones above o stay in it. *deepest: the node
+ * the last one attached ended as (NULL if none). CN_ENOMEM if a capture had to be dropped. */
+static int attach_caps(cn_prefix_cache *pc, cn_pc_session *sess, int o, cn_node **deepest) {
+    int rc = CN_OK, kept = 0;
+    *deepest = NULL;
     for (int c = 0; c < sess->n_caps; c++) {
         cn_pc_capture *cap = &sess->caps[c];
-        cn_node *n = cap->offset <= o && cap->offset > 0 ? advance(pc, cap->offset) : NULL;
+        if (cap->offset > o || cap->offset <= 0) {
+            sess->caps[kept++] = *cap;
+            continue;
+        }
+        cn_node *n = advance(pc, cap->offset);
         int adds = n && cap->user && !n->user;
         for (int l = 0; n && l < pc->trie.n_layers; l++) adds |= cap->slots[l] && !n->slots[l];
         if (adds && node_unfile(pc, n)) n = NULL; /* out of memory: the capture is dropped */
@@ -794,11 +799,42 @@ int cn_pc_close(cn_prefix_cache *pc, cn_pc_session *sess) {
             }
             n->user |= cap->user;
             n->last_used = pc->trie.clock;
-            compact(pc, n);
-        } else if (cap->offset <= o && cap->offset > 0) {
+            *deepest = compact(pc, n);
+        } else {
             rc = CN_ENOMEM;
         }
+        for (int l = 0; l < pc->trie.n_layers; l++) cn_snap_free(cap->slots[l]);
+        free(cap->slots);
     }
+    sess->n_caps = kept;
+    return rc;
+}
+
+int cn_pc_commit(cn_prefix_cache *pc, cn_pc_session *sess) {
+    if (pc->live_stale) return CN_OK; /* a failed forward: close records nothing of it either */
+    int o = pc->live->offset;
+    if (pc->draft && pc->draft->offset < o) o = pc->draft->offset;
+    if (sess->n_keys < o) o = sess->n_keys;
+    int any = 0;
+    for (int c = 0; c < sess->n_caps; c++) any |= sess->caps[c].offset <= o && sess->caps[c].offset > 0;
+    if (!any) return CN_OK;
+    /* attaching splits and merges nodes (the pinned one too): the deepest node attached protects
+     * the request's path from here on, its ancestors being that path */
+    pc->pinned = NULL;
+    cn_node *deep;
+    int rc = attach_caps(pc, sess, o, &deep);
+    pc->pinned = deep;
+    persist(pc);
+    return rc;
+}
+
+int cn_pc_close(cn_prefix_cache *pc, cn_pc_session *sess) {
+    pc->pinned = NULL; /* close splits and merges nodes; the frontier protects from here on */
+    int stale = level_for_close(pc, sess) | pc->live_stale;
+    int o = pc->live->offset;
+    /* 1. every capture the forwards crossed becomes a node with its recurrent state */
+    cn_node *deep;
+    int rc = attach_caps(pc, sess, o, &deep);
     /* 2. the segment the caches rest at, with its own snapshots */
     cn_node *f = pc->trie.root;
     if (o > 0) {

@@ -5,6 +5,7 @@
  * restore points. A request's life, drawn as transitions:
  *
  *     IDLE --cn_pc_begin--> PREFILL --cn_pc_absorbed (per forward)--> PREFILL
+ *     PREFILL --cn_pc_commit (after a chunk)--> PREFILL   (captures passed become nodes now)
  *     PREFILL/DECODE --cn_pc_close--> IDLE      (on success, error AND cancellation)
  *
  * begin finds the deepest match, restores the live caches to the deepest offset every layer can
@@ -37,11 +38,12 @@
  *      exactly its key path, edge and current slots; every DISK-tier slot belongs to such a node;
  *      disk_bytes equals the sum of the slot sizes of those nodes.
  *  (6) A node's slots never change while it has a file: split, merge, a new capture or a healed
- *      gap first page the node in and retire its file; it is written again at the next close.
+ *      gap first page the node in and retire its file; it is written again at the next commit
+ *      or close.
  *
  * Tiers (snapshot.h draws a snapshot's life). LIVE slots cost nothing; DEVICE slots count against
  * dev_budget, RAM slots against ram_budget; with a disk tier attached (cn_pc_attach_disk) every node is also written to disk at
- * the close that creates or changes it, cancelled requests included (the request only copies its
+ * the commit or close that creates or changes it, cancelled requests included (the request only copies its
  * bytes to the writer), so the disk holds every restore point and RAM the recently used ones.
  * Eviction runs in bounded steps (cn_pc_evict_step): a few nodes at close, the rest between
  * forwards and while the server is idle, so no request waits on a large one; a tier may exceed
@@ -202,6 +204,14 @@ int cn_pc_push_key(cn_pc_session *sess, cn_key key);
 /* Schedules a capture at offset off (> the live offset, at most the keys known) for the forwards
  * still to come; user: a restore point that resists merging. 0 or CN_ENOMEM. */
 int cn_pc_schedule(cn_pc_session *sess, int off, int user);
+
+/* Attaches, in the middle of a request, the captures every layer has passed (at or below the
+ * lowest of the target offset, the draft offset and the keys pushed) as trie nodes with their
+ * recurrent state, as close would, and with a disk tier queues their files at once: a process
+ * killed later in the prefill restarts from the last restore point that reached the disk. The
+ * request's path stays pinned (the deepest node attached now pins it). The caller calls it where
+ * the draft is level (after a prefill chunk). 0, or CN_ENOMEM when a capture had to be dropped. */
+int cn_pc_commit(cn_prefix_cache *pc, cn_pc_session *sess);
 
 /* Ends the request (success, error or cancellation): attaches the crossed captures, records the
  * segment the live caches rest at, takes an eviction step (o.evict_steps nodes at most). With a draft, the level recorded is the

@@ -26,6 +26,10 @@
  *             and 1.08 that way); a pair of bursts fractions of a second apart sees one. A device
  *             backend runs each side in one burst (its bandwidth holds still, and a switch of
  *             state re-captures its step graph).
+ *   decode_parallel  --parallel N fresh states decode --gen tokens each, one cn_model_forward_seqs
+ *             step a token for every state (each fed its own previous greedy pick, taken on the
+ *             backend): N x gen / seconds, and decode_parallel_speedup, its ratio to decode's
+ *             tok/s. Skipped for N < 2.
  *   prefill_long a fresh state absorbs --long-context tokens (default 32768; timed apart,
  *             reported as prefill_long_prefix), then one chunk of --prompt-short tokens is timed
  *             between two probes: prefill512's chunk, evaluated after the long prefix. Skipped
@@ -444,6 +448,39 @@ static int measure_long(bench *B, run *r, int ctx, int n, double *prefix_s) {
     return 0;
 }
 
+/* n fresh states decode gen tokens each in steps of one token a state (cn_model_forward_seqs),
+ * timed between two bandwidth probes; each state starts from its own prompt token. */
+static int measure_parallel(bench *B, run *r, int n, int gen) {
+    memset(r, 0, sizeof *r);
+    r->name = "decode_parallel";
+    r->tokens = n * gen;
+    cn_state **st = calloc((size_t)n, sizeof *st);
+    cn_seq_batch *sb = calloc((size_t)n, sizeof *sb);
+    int32_t *tok = calloc((size_t)n, sizeof *tok);
+    int rc = st && sb && tok ? CN_OK : CN_ENOMEM;
+    for (int i = 0; !rc && i < n; i++) {
+        rc = cn_state_create(&st[i], B->m, gen + 1, 0);
+        tok[i] = B->toks[i];
+        sb[i] = (cn_seq_batch){.state = st[i], .tokens = &tok[i], .n = 1, .argmax = &tok[i]};
+    }
+    if (!rc) rc = cn_model_forward_seqs(B->m, sb, n); /* warm: the first step of this size */
+    for (int i = 0; !rc && i < n; i++) rc = cn_state_reset(st[i]);
+    if (!rc) {
+        run_clock k = run_start(B, r);
+        for (int t = 0; !rc && t < gen; t++) rc = cn_model_forward_seqs(B->m, sb, n);
+        run_stop(B, r, k);
+    }
+    for (int i = 0; st && i < n; i++) cn_state_free(st[i]);
+    free(st);
+    free(sb);
+    free(tok);
+    if (rc) return rc;
+    fprintf(stderr, "cairn: %-10s %6d tokens in %8.3f s: %9.2f tok/s, %d sequences (cpu share %.2f, probes %.1f / %.1f GB/s%s)\n",
+            r->name, r->tokens, r->seconds, r->tok_s, n, r->cpu_share, r->bw_before, r->bw_after,
+            r->reliable ? "" : ", unreliable");
+    return 0;
+}
+
 /* The two decode runs, interleaved so that both see the same machine. */
 typedef struct decode_pair {
     run start, ctx;           /* totals over every burst of each side (run.bw time-weighted) */
@@ -767,7 +804,7 @@ static int pattern_counts(const char *pat, int n[N_TYPES]) {
 int cn_bench_model(int argc, char **argv) {
     const char *model = NULL, *preset = NULL, *weights = NULL, *backend = NULL, *work_dir = NULL;
     int layers = 0, prompt = 2048, prompt_short = -1, context = 8192, gen = 64, threads = 0, ubatch = 0;
-    int probe_mb = 512, json = 0, burst_tokens = 8, long_ctx = 32768;
+    int probe_mb = 512, json = 0, burst_tokens = 8, long_ctx = 32768, parallel = 4;
     uint64_t seed = 0;
     cn_flag flags[] = {
         {"model", CN_FLAG_STR, &model, "DIR", "model directory to bench", 0, 0},
@@ -780,6 +817,7 @@ int cn_bench_model(int argc, char **argv) {
         {"context", CN_FLAG_INT, &context, "N", "context before the second decode run (default 8192)", 0, 0},
         {"long-context", CN_FLAG_INT, &long_ctx, "N", "context before the long-context prefill chunk (default 32768; 0: none)", 0, 0},
         {"gen", CN_FLAG_INT, &gen, "N", "tokens per decode run (default 64)", 0, 0},
+        {"parallel", CN_FLAG_INT, &parallel, "N", "sequences decoding at once in the parallel run (default 4; 0 or 1: none)", 0, 0},
         {"burst", CN_FLAG_INT, &burst_tokens, "N", "decode tokens per burst, the two decode runs taking turns (default 8)", 0, 0},
         {"threads", CN_FLAG_INT, &threads, "N", "CPU threads, model and probes (default: all cores)", 0, 0},
         {"backend", CN_FLAG_STR, &backend, "NAME", "cpu, cuda or cuda:N (default: $CAIRN_BACKEND or cpu)", 0, 0},
@@ -805,6 +843,7 @@ int cn_bench_model(int argc, char **argv) {
     else if (probe_mb < 1 || probe_mb > (1 << 20)) bad = "--probe-mb must be in 1..1048576";
     else if (ubatch < 0) bad = "--ubatch must not be negative";
     else if (long_ctx < 0) bad = "--long-context must not be negative";
+    else if (parallel < 0) bad = "--parallel must not be negative";
     cn_qalgo algo = CN_QALGO_NONE;
     if (!bad && weights) {
         if (!strcmp(weights, "nvfp4")) algo = CN_QALGO_NVFP4;
@@ -951,6 +990,16 @@ int cn_bench_model(int argc, char **argv) {
         goto done;
     }
     const run rdec = dp.start, rdec8k = dp.ctx;
+    /* several sequences decoding at once, a step a token for each: capped by the model's piece */
+    run rpar;
+    memset(&rpar, 0, sizeof rpar);
+    rpar.name = "decode_parallel";
+    if (parallel > cn_model_ubatch(B.m)) parallel = cn_model_ubatch(B.m);
+    if (parallel >= 2 && (rc = measure_parallel(&B, &rpar, parallel, gen))) {
+        fprintf(stderr, "cairn: parallel decode: %s\n", cn_strerror(rc));
+        goto done;
+    }
+    if (parallel < 2) parallel = 0;
     /* the start's chunk again after a long prefix, and the FMA peak attention is held to */
     run rlong;
     memset(&rlong, 0, sizeof rlong);
@@ -1045,6 +1094,11 @@ int cn_bench_model(int argc, char **argv) {
     cJSON_AddNumberToObject(out, "prefill512_gops", gops512);
     cJSON_AddNumberToObject(out, "prefill512_compute_ratio", peak > 0 ? gops512 / peak : 0);
     cJSON_AddNumberToObject(out, "prefill_ctx_tok_s", ctx_s > 0 ? context / ctx_s : 0);
+    if (parallel) {
+        cJSON_AddNumberToObject(out, "decode_parallel_sequences", parallel);
+        cJSON_AddNumberToObject(out, "decode_parallel_tok_s", rpar.tok_s);
+        cJSON_AddNumberToObject(out, "decode_parallel_speedup", rdec.tok_s > 0 ? rpar.tok_s / rdec.tok_s : 0);
+    }
     if (long_ctx) {
         cJSON_AddNumberToObject(out, "prefill_long_context", long_ctx);
         cJSON_AddNumberToObject(out, "prefill_long_tok_s", rlong.tok_s);
@@ -1085,6 +1139,10 @@ int cn_bench_model(int argc, char **argv) {
         if (!all[i]->reliable) cJSON_AddItemToArray(unrel, cJSON_CreateString(all[i]->name));
     }
     if (B.device) cJSON_AddItemToObject(runs, reager.name, run_json(&reager));
+    if (parallel) {
+        cJSON_AddItemToObject(runs, rpar.name, run_json(&rpar));
+        if (!rpar.reliable) cJSON_AddItemToArray(unrel, cJSON_CreateString(rpar.name));
+    }
     if (long_ctx) {
         cJSON_AddItemToObject(runs, rlong.name, run_json(&rlong));
         if (!rlong.reliable) cJSON_AddItemToArray(unrel, cJSON_CreateString(rlong.name));
@@ -1183,6 +1241,11 @@ int cn_bench_model(int argc, char **argv) {
                "token %.3f)\n",
                bpt8k, roof8k, rdec.tok_s > 0 ? rdec8k.tok_s / rdec.tok_s : 0, dp.bursts, dp.burst_tokens,
                dp.over_start, dp.agree, dp.over_start_cpu, dp.over_start_token);
+        if (parallel)
+            printf("parallel     %d sequences decoding at once: %.2f tok/s in all, %.2fx decode's (%.2f tok/s "
+                   "each)%s\n",
+                   parallel, rpar.tok_s, rdec.tok_s > 0 ? rpar.tok_s / rdec.tok_s : 0, rpar.tok_s / parallel,
+                   rpar.reliable ? "" : "  UNRELIABLE");
         printf("prefill      2 x %.0f params x tok/s = %.1f Gop/s (512: %.1f): %.3f of peak\n", P, gops2k, gops512,
                peak > 0 ? gops2k / peak : 0);
         if (long_ctx) {

@@ -336,6 +336,9 @@ int cn_engine_generate(cn_engine *e, const cn_request *r, cn_result *res) {
             }
         if ((rc = forward(e, &sess, all, pos, end, end == n, n, NULL))) goto close;
         if (e->spec && (rc = cn_spec_flush(e->spec))) goto close; /* level at every chunk's end */
+        /* the restore points passed join the trie now (with a disk tier, their files are queued):
+         * a process killed later in this prompt resumes from the last one on disk */
+        if ((rc = cn_pc_commit(&e->pc, &sess))) goto close;
         res->prompt_eval_count += end - pos;
         pos = end;
         if (pos < n) cn_pc_evict_step(&e->pc, 1); /* what closes left over budget, a node at a time */

@@ -35,6 +35,16 @@
 
 static cn_tensor rows(const cn_tensor *t, int n) { return cn_tensor_rows(t, 0, n); }
 
+/* A sequence's rows in a piece: rows [r0, r0 + n) enter st at offset off. A forward of one
+ * sequence is a piece of one, cut by its segments (captures, a replay); a piece of several
+ * (cn_model_forward_seqs) carries neither: every mixer runs its products over all the piece's
+ * rows and its conv, scan and attention per sequence from that sequence's own state. */
+typedef struct seq {
+    cn_state *st;
+    int r0, n, off;
+} seq;
+
+
 /* ---- open / close ---------------------------------------------------------------------------- */
 
 static int alloc_f32(cn_backend *b, cn_tensor *t, int64_t r, int64_t c) {
@@ -104,6 +114,7 @@ static int alloc_scratch(cn_model *m) {
         rc = cn_backend_alloc(b, &s->pick);
     }
     if (!rc && !(s->host_logits = malloc((size_t)c->vocab_size * sizeof(float)))) rc = CN_ENOMEM;
+    if (!rc && !(s->sq = malloc((size_t)U * sizeof *s->sq))) rc = CN_ENOMEM;
     if (!rc) rc = alloc_f32(b, &s->kn, U, max64((int64_t)c->n_kv_heads * c->head_dim, 1));
     if (!rc) rc = alloc_f32(b, &s->vn, U, max64((int64_t)c->n_kv_heads * c->head_dim, 1));
     return rc;
@@ -117,6 +128,8 @@ static void free_scratch(cn_model *m) {
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) cn_backend_release(m->b, all[i]);
     free(s->host_logits);
     s->host_logits = NULL;
+    free(s->sq);
+    s->sq = NULL;
 }
 
 int cn_model_open(cn_model **out, const char *dir, cn_backend *b, const cn_model_opts *opts,
@@ -281,11 +294,27 @@ typedef struct segment {
     int capture;
 } segment;
 
-/* MAMBA2(in) -> out (acc: added into out), over T tokens cut in segments; with rp (a verify, one
- * piece) the captures get their conv tails and rp the SSM's starting state and inputs. */
-static int mamba_mixer(cn_model *m, const cn_mamba_w *w, cn_layer_state *ls, int mamba_idx,
-                       cn_tensor *out, int acc, mix_in *in, int T, const segment *seg, int n_seg,
-                       cn_rsnap *caps, cn_replay *rp) {
+/* Conv and scan over rows [r0, r0 + n) of the piece from the layer state ls. */
+static int mamba_span(cn_model *m, const cn_mamba_w *w, const cn_ssm_args *a, cn_layer_state *ls,
+                      cn_tensor *conv, cn_tensor *xbc, cn_tensor *dt, cn_tensor *y, int r0, int n) {
+    cn_backend *b = m->b;
+    const int64_t di = m->d_inner, gn = (int64_t)m->cfg.n_groups * m->cfg.ssm_state_size;
+    cn_tensor cx = cn_tensor_rows(conv, r0, n), ix = cn_tensor_rows(xbc, r0, n);
+    CHECK(cn_op_conv1d(b, &cx, &ix, &w->conv_w, w->conv_b.data ? &w->conv_b : NULL, 1,
+                       &ls->conv));                                    /* xBC = silu(conv(xBC)) */
+    cn_tensor xs = cn_tensor_cols(&cx, 0, di);
+    cn_tensor B = cn_tensor_cols(&cx, di, gn), C = cn_tensor_cols(&cx, di + gn, gn);
+    cn_tensor dts = cn_tensor_rows(dt, r0, n), ys = cn_tensor_rows(y, r0, n);
+    if (n == 1) return cn_op_ssm_step(b, &ys, &xs, &dts, &B, &C, a, &ls->ssm);
+    return cn_op_ssm_scan(b, &ys, &xs, &dts, &B, &C, a, &ls->ssm);      /* y = SSM + D x */
+}
+
+/* MAMBA2(in) -> out (acc: added into out), over the T rows of the piece's sequences (layer l of
+ * each); one sequence's are cut in segments, and with rp (a verify, one piece) the captures get
+ * their conv tails and rp the SSM's starting state and inputs. */
+static int mamba_mixer(cn_model *m, const cn_mamba_w *w, const seq *sq, int nsq, int l,
+                       int mamba_idx, cn_tensor *out, int acc, mix_in *in, int T,
+                       const segment *seg, int n_seg, cn_rsnap *caps, cn_replay *rp) {
     const cn_config *c = &m->cfg;
     cn_backend *b = m->b;
     cn_scratch *s = &m->s;
@@ -301,6 +330,10 @@ static int mamba_mixer(cn_model *m, const cn_mamba_w *w, cn_layer_state *ls, int
     conv.shape[1] = m->conv_dim;
     cn_tensor y = rows(&s->y, T);
     y.shape[1] = di;
+    cn_layer_state *ls = &sq[0].st->layers[l];
+    for (int i = 0; nsq > 1 && i < nsq; i++)
+        CHECK(mamba_span(m, w, &a, &sq[i].st->layers[l], &conv, &xbc, &dt, &y, sq[i].r0, sq[i].n));
+    if (nsq > 1) n_seg = 0;
     /* With captures, one conv and one scan over the whole piece where the backend writes the
      * captured states as it passes them (cn_state_caps): the same states, bit for bit, without
      * the calls and the copies of the live state that cutting at each capture costs. */
@@ -335,16 +368,7 @@ static int mamba_mixer(cn_model *m, const cn_mamba_w *w, cn_layer_state *ls, int
     int start = 0;
     for (int i = 0; i < n_seg; i++) {
         int n = seg[i].end - start;
-        if (n > 0) {
-            cn_tensor cx = cn_tensor_rows(&conv, start, n), ix = cn_tensor_rows(&xbc, start, n);
-            CHECK(cn_op_conv1d(b, &cx, &ix, &w->conv_w, w->conv_b.data ? &w->conv_b : NULL, 1,
-                               &ls->conv));                            /* xBC = silu(conv(xBC)) */
-            cn_tensor xs = cn_tensor_cols(&cx, 0, di);
-            cn_tensor B = cn_tensor_cols(&cx, di, gn), C = cn_tensor_cols(&cx, di + gn, gn);
-            cn_tensor dts = cn_tensor_rows(&dt, start, n), ys = cn_tensor_rows(&y, start, n);
-            if (n == 1) CHECK(cn_op_ssm_step(b, &ys, &xs, &dts, &B, &C, &a, &ls->ssm));
-            else CHECK(cn_op_ssm_scan(b, &ys, &xs, &dts, &B, &C, &a, &ls->ssm)); /* y = SSM + D x */
-        }
+        if (n > 0) CHECK(mamba_span(m, w, &a, ls, &conv, &xbc, &dt, &y, start, n));
         if (seg[i].capture >= 0) {
             cn_rsnap *snap = &caps[seg[i].capture];
             CHECK(cn_backend_copy(b, &snap->conv[mamba_idx], &ls->conv));
@@ -394,18 +418,38 @@ static int attn_kvq(cn_model *m, const cn_attn_w *w, cn_layer_state *ls, int off
 
 /* ATTN(xn) -> out: GQA over the KV cache, no positional encoding. A one-token step's K/V row
  * goes through scratch and cn_op_set_rows, whose row (like attention's n_past) follows the
- * step's position, so a backend can replay the step at the next offset (backend.h, steps (d)). */
-static int attn_mixer(cn_model *m, const cn_attn_w *w, cn_layer_state *ls, int offset,
+ * step's position, so a backend can replay the step at the next offset (backend.h, steps (d)).
+ * A piece of several sequences (layer l of each) computes K and V for all its rows into scratch,
+ * then appends each sequence's rows to its own cache and attends over that cache. */
+static int attn_mixer(cn_model *m, const cn_attn_w *w, const seq *sq, int nsq, int l,
                       cn_tensor *out, int acc, mix_in *in, int T) {
     const cn_config *c = &m->cfg;
     cn_backend *b = m->b;
+    const float scale = 1.0f / sqrtf((float)c->head_dim);
     cn_tensor q = rows(&m->s.proj, T);
     q.shape[1] = (int64_t)c->n_heads * c->head_dim;
-    CHECK(attn_kvq(m, w, ls, offset, in, T, &q));
     cn_tensor att = rows(&m->s.y, T);
     att.shape[1] = q.shape[1];
-    CHECK(cn_op_attention(b, &att, &q, &ls->k, &ls->v, offset, c->n_heads, c->n_kv_heads,
-                          1.0f / sqrtf((float)c->head_dim)));
+    if (nsq == 1) {
+        cn_layer_state *ls = &sq[0].st->layers[l];
+        CHECK(attn_kvq(m, w, ls, sq[0].off, in, T, &q));
+        CHECK(cn_op_attention(b, &att, &q, &ls->k, &ls->v, sq[0].off, c->n_heads, c->n_kv_heads,
+                              scale));
+        return matmul_out(m, acc, out, &w->o, &att);
+    }
+    cn_tensor kn = rows(&m->s.kn, T), vn = rows(&m->s.vn, T);
+    CHECK(mm_in(m, in, &kn, &w->k, 0));
+    CHECK(mm_in(m, in, &vn, &w->v, 0));
+    CHECK(mm_in(m, in, &q, &w->q, 0));
+    for (int i = 0; i < nsq; i++) {
+        cn_layer_state *ls = &sq[i].st->layers[l];
+        cn_tensor ki = cn_tensor_rows(&kn, sq[i].r0, sq[i].n), vi = cn_tensor_rows(&vn, sq[i].r0, sq[i].n);
+        cn_tensor qi = cn_tensor_rows(&q, sq[i].r0, sq[i].n), ai = cn_tensor_rows(&att, sq[i].r0, sq[i].n);
+        CHECK(cn_op_set_rows(b, &ls->k, sq[i].off, &ki));            /* append to its cache */
+        CHECK(cn_op_set_rows(b, &ls->v, sq[i].off, &vi));
+        CHECK(cn_op_attention(b, &ai, &qi, &ls->k, &ls->v, sq[i].off, c->n_heads, c->n_kv_heads,
+                              scale));
+    }
     return matmul_out(m, acc, out, &w->o, &att);
 }
 
@@ -518,24 +562,24 @@ static int mlp_mixer(cn_model *m, const cn_mlp_w *w, cn_tensor *out, int acc, mi
 /* 1 for a layer that keeps state per token (a KV cache or a recurrent state). */
 static int keeps_state(cn_block t) { return t == CN_BLOCK_MAMBA || cn_block_is_attn(t); }
 
-/* h = h + MIXER(RMSNorm(h)) for every layer of a stack, over T tokens at `offset`. A one-token
- * piece on a backend that fuses lets the mixers normalise h in their first products and add into
- * h from their last (acc; mix_in). Only rows [need_from, T) need the stack's output: the others
- * are there for the state they leave, so the layers after the last one that keeps state (MoE,
- * MLP: row-wise) skip them. Rows below need_from then hold junk in x; each row computed is what
- * it would be without the skip (every op is row-wise there). */
-static int run_layers(cn_model *m, const cn_layer_w *layers, cn_state *st, int offset, int T,
+/* h = h + MIXER(RMSNorm(h)) for every layer of a stack, over the T rows of the piece's nsq
+ * sequences. A one-token piece on a backend that fuses lets the mixers normalise h in their first
+ * products and add into h from their last (acc; mix_in). Only rows [need_from, T) need the
+ * stack's output: the others are there for the state they leave, so the layers after the last one
+ * that keeps state (MoE, MLP: row-wise) skip them. Rows below need_from then hold junk in x; each
+ * row computed is what it would be without the skip (every op is row-wise there). */
+static int run_layers(cn_model *m, const cn_layer_w *layers, const seq *sq, int nsq, int T,
                       const segment *seg, int n_seg, cn_rsnap *caps, cn_replay *rp, int need_from) {
     cn_backend *b = m->b;
     cn_tensor x = rows(&m->s.x, T), xn = rows(&m->s.xn, T), out = rows(&m->s.out, T);
     const int acc = T == 1 && cn_backend_has_matmul_ep(b);
     cn_tensor *dst = acc ? &x : &out;
+    const int n_layers = sq[0].st->n_layers;
     int mamba_idx = 0, swa_idx = 0, last_state = -1;
-    for (int l = 0; l < st->n_layers; l++)
+    for (int l = 0; l < n_layers; l++)
         if (keeps_state(layers[l].type)) last_state = l;
-    for (int l = 0; l < st->n_layers; l++) {
+    for (int l = 0; l < n_layers; l++) {
         const cn_layer_w *w = &layers[l];
-        cn_layer_state *ls = &st->layers[l];
         if (l == last_state + 1 && need_from > 0) { /* the row-wise tail: needed rows only */
             if (need_from >= T) break;
             T -= need_from;
@@ -548,12 +592,13 @@ static int run_layers(cn_model *m, const cn_layer_w *layers, cn_state *st, int o
         else CHECK(cn_op_rmsnorm(b, &xn, &x, &w->norm, m->cfg.norm_eps)); /* pre-mixer norm */
         switch (w->type) {
         case CN_BLOCK_MAMBA:
-            CHECK(mamba_mixer(m, &w->mamba, ls, mamba_idx++, dst, acc, &in, T, seg, n_seg, caps,
-                              rp));
+            CHECK(mamba_mixer(m, &w->mamba, sq, nsq, l, mamba_idx++, dst, acc, &in, T, seg, n_seg,
+                              caps, rp));
             break;
-        case CN_BLOCK_ATTN: CHECK(attn_mixer(m, &w->attn, ls, offset, dst, acc, &in, T)); break;
-        case CN_BLOCK_SWA:
-            CHECK(swa_mixer(m, &w->attn, ls, swa_idx++, offset, dst, acc, &in, T, seg, n_seg, caps));
+        case CN_BLOCK_ATTN: CHECK(attn_mixer(m, &w->attn, sq, nsq, l, dst, acc, &in, T)); break;
+        case CN_BLOCK_SWA: /* one sequence only (cn_model_forward_seqs refuses these models) */
+            CHECK(swa_mixer(m, &w->attn, &sq[0].st->layers[l], swa_idx++, sq[0].off, dst, acc, &in,
+                            T, seg, n_seg, caps));
             break;
         case CN_BLOCK_MOE: CHECK(moe_mixer(m, &w->moe, dst, acc, &in, T)); break;
         case CN_BLOCK_MLP: CHECK(mlp_mixer(m, &w->mlp, dst, acc, &in, T)); break;
@@ -624,7 +669,7 @@ static int head(cn_model *m, const cn_tensor *norm, const cn_tensor *lm_head, in
 /* ---- one-token steps ------------------------------------------------------------------------- */
 
 /* Step keys (backend.h): one per op sequence, so a backend that records steps keeps each apart. */
-enum { STEP_DECODE, STEP_DECODE_CAPTURE, STEP_MTP, STEP_PREFILL };
+enum { STEP_DECODE, STEP_DECODE_CAPTURE, STEP_MTP, STEP_PREFILL, STEP_SEQS };
 
 /* The tag of a positioned step (backend.h (d)): what its ops depend on besides the position
  * (the state; whether the lm_head runs, whether the greedy pick follows it, whether the hidden
@@ -663,7 +708,8 @@ static int decode_step(cn_model *m, cn_state *st, int offset, const segment *seg
     if (rc < 0) return rc;
     if (rc == 0) {
         rc = cn_op_get_rows(b, &x, &m->w.embed, &ids);                    /* h = embed[tok] */
-        if (!rc) rc = run_layers(m, m->w.layers, st, offset, 1, seg, n_seg, caps, NULL, 0);
+        const seq one = {st, 0, 1, offset};
+        if (!rc) rc = run_layers(m, m->w.layers, &one, 1, 1, seg, n_seg, caps, NULL, 0);
         /* norm_f inside the lm_head's product where the backend fuses it (hidden needs xn) */
         int head_done = 0;
         if (!rc && !hidden && (logits || pick) && cn_backend_has_matmul_ep(b)) {
@@ -796,8 +842,9 @@ int cn_model_forward(cn_model *m, cn_state *st, cn_batch *bt) {
          * inside it (the tokens were checked above, the routes come from moe_route) */
         if ((rc = cn_backend_step_begin(b, STEP_PREFILL | CN_STEP_EAGER))) goto fail;
         rc = cn_op_get_rows(b, &x, &m->w.embed, &ids);                      /* h = embed[tok] */
+        const seq one = {st, 0, T, offset};
         if (!rc)
-            rc = run_layers(m, m->w.layers, st, offset, T, seg, n_seg, bt->captures, rp, need_from);
+            rc = run_layers(m, m->w.layers, &one, 1, T, seg, n_seg, bt->captures, rp, need_from);
         if ((rc = step_finish(b, rc))) goto fail;
         if (bt->all_logits) {
             rc = head(m, &m->w.norm_f, &m->w.lm_head, 0, T,
@@ -840,6 +887,79 @@ int cn_model_decode_greedy(cn_model *m, cn_state *s, int32_t token, int32_t *nex
 int cn_model_verify(cn_model *m, cn_state *s, const int32_t *tokens, int k, float *logits) {
     cn_batch bt = {.tokens = tokens, .n = k, .all_logits = 1, .logits = logits};
     return cn_model_forward(m, s, &bt);
+}
+
+/* Several sequences in one piece (model.h). The rows are the sequences' tokens in order; the head
+ * runs over the last row of each sequence that asks for logits or a pick, gathered into the
+ * front rows of tmp so that the lm_head streams once for all of them. */
+int cn_model_forward_seqs(cn_model *m, cn_seq_batch *sb, int n_seqs) {
+    if (!m || !sb || n_seqs <= 0) return CN_EINVAL;
+    const int U = m->s.ubatch;
+    int T = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        const cn_seq_batch *q = &sb[i];
+        if (!q->state || q->state->mtp || !q->tokens || q->n <= 0 || q->n > U - T) return CN_EINVAL;
+        for (int j = 0; j < i; j++)
+            if (sb[j].state == q->state) return CN_EINVAL;
+        if ((int64_t)q->state->offset + q->n > q->state->max_ctx) return CN_ECONTEXT;
+        for (int t = 0; t < q->n; t++)
+            if (q->tokens[t] < 0 || q->tokens[t] >= m->cfg.vocab_size) return CN_EINVAL;
+        T += q->n;
+    }
+    if (n_seqs == 1) { /* the one-sequence forward, its decode steps recorded and replayed */
+        cn_batch bt = {.tokens = sb[0].tokens, .n = sb[0].n, .logits = sb[0].logits,
+                       .argmax = sb[0].argmax};
+        return cn_model_forward(m, sb[0].state, &bt);
+    }
+    if (m->n_swa) return CN_EUNSUPPORTED; /* a ring per sequence: not written yet */
+    cn_backend *b = m->b;
+    cn_scratch *s = &m->s;
+    const int64_t V = m->cfg.vocab_size;
+    seq *sq = s->sq;
+    m->s.ids0 = -1;
+    for (int i = 0, r = 0; i < n_seqs; r += sb[i++].n) {
+        sq[i] = (seq){sb[i].state, r, sb[i].n, sb[i].state->offset};
+        CHECK(cn_backend_upload(b, &s->ids, (uint64_t)r * 4, sb[i].tokens, (uint64_t)sb[i].n * 4));
+    }
+    cn_tensor ids = cn_tensor_rows(&s->ids, 0, T), x = rows(&s->x, T);
+    ids.ndim = 1;
+    const segment seg = {T, -1};
+    int rc = cn_backend_step_begin(b, STEP_SEQS | CN_STEP_EAGER);
+    if (rc) return rc;
+    rc = cn_op_get_rows(b, &x, &m->w.embed, &ids);                        /* h = embed[tok] */
+    if (!rc) rc = run_layers(m, m->w.layers, sq, n_seqs, T, &seg, 1, NULL, NULL, 0);
+    int k = 0; /* rows gathered for the head */
+    for (int i = 0; !rc && i < n_seqs; i++) {
+        if (!sb[i].logits && !sb[i].argmax) continue;
+        cn_tensor src = cn_tensor_rows(&s->x, sq[i].r0 + sq[i].n - 1, 1);
+        cn_tensor dst = cn_tensor_rows(&s->tmp, k++, 1);
+        rc = cn_backend_copy(b, &dst, &src);
+    }
+    CHECK(step_finish(b, rc));
+    for (int i = 0; i < n_seqs; i++) sb[i].state->offset += sb[i].n;
+    /* the head, logit_rows gathered rows at a time */
+    const int queued = cn_backend_has_argmax(b);
+    for (int i = 0, j0 = 0; j0 < k;) {
+        const int r = k - j0 < s->logit_rows ? k - j0 : s->logit_rows;
+        cn_tensor xr = cn_tensor_rows(&s->tmp, j0, r), xn = rows(&s->xn, r), lg = rows(&s->logits, r);
+        cn_tensor pk = cn_tensor_rows(&s->ids, 0, r);
+        pk.ndim = 1;
+        CHECK(cn_op_rmsnorm(b, &xn, &xr, &m->w.norm_f, m->cfg.norm_eps));
+        CHECK(cn_op_matmul(b, &lg, &m->w.lm_head, &xn));
+        if (queued) CHECK(cn_op_argmax(b, &pk, &lg));
+        int32_t picks[16];
+        if (queued) CHECK(cn_backend_download(b, picks, &pk));
+        for (int j = 0; j < r; i++) {
+            if (!sb[i].logits && !sb[i].argmax) continue;
+            cn_tensor row = cn_tensor_rows(&lg, j, 1);
+            float *host = sb[i].logits ? sb[i].logits : s->host_logits;
+            if (sb[i].logits || (sb[i].argmax && !queued)) CHECK(cn_backend_download(b, host, &row));
+            if (sb[i].argmax) *sb[i].argmax = queued ? picks[j] : host_argmax(host, V);
+            j++;
+        }
+        j0 += r;
+    }
+    return CN_OK;
 }
 
 /* The head over n positions; last_only: logits and hidden_out hold the last position's only. */
@@ -886,8 +1006,8 @@ static int mtp_forward(cn_model *m, cn_state *st, const float *hidden, const int
         if (!rc && !replayed) rc = cn_op_matmul(b, &x, &w->eh_proj, &cat);  /* eh_proj */
         /* last_only: the other rows are forwarded for their KV rows alone */
         const int need_from = !last_only ? 0 : last ? T - 1 : T;
-        if (!rc && !replayed)
-            rc = run_layers(m, w->layers, st, st->offset, T, seg, 1, NULL, NULL, need_from);
+        const seq one = {st, 0, T, st->offset};
+        if (!rc && !replayed) rc = run_layers(m, w->layers, &one, 1, T, seg, 1, NULL, NULL, need_from);
         if (step) {
             cn_tensor xn = rows(&m->s.xn, 1), lg = rows(&m->s.logits, 1);
             if (!rc && !replayed) rc = cn_op_rmsnorm(b, &xn, &x, &w->final_norm, eps);

@@ -191,6 +191,26 @@ void cn_replay_free(cn_model *m, cn_replay *rp);
  * cn_state_restore_take) and rp's starting state, scanned again up to the offset. Then rp holds
  * nothing. Returns 0, or CN_EINVAL (offsets that do not fit) with nothing changed. */
 int cn_model_replay(cn_model *m, cn_state *s, cn_replay *rp, cn_rsnap *snap);
+/* One sequence's part of cn_model_forward_seqs. */
+typedef struct cn_seq_batch {
+    cn_state *state;       /* absorbs tokens at its own offset */
+    const int32_t *tokens; /* [n] token ids, n >= 1 */
+    int n;
+    float *logits;         /* OUT (optional): host [vocab] after the last token */
+    int32_t *argmax;       /* OUT (optional): the greedy pick after the last token */
+} cn_seq_batch;
+
+/* Absorbs the tokens of several sequences in one forward, each into its own state: every product
+ * runs once over all their rows (each weight streamed once for the step, the experts gathered
+ * over every row), the conv, the scan and the attention per sequence from its own state. A
+ * sequence's results are the ones cn_model_forward gives it alone, on the CPU bit for bit (its
+ * products are row-wise with one addition order whatever the rows: cpu_matmul.c); a device's
+ * products over more rows may round differently. The states must be distinct states of the main
+ * stack, the tokens at most cn_model_ubatch in all. No captures: restore points come from
+ * cn_model_forward. Returns 0, CN_EINVAL, CN_ECONTEXT (a sequence past its state's max_ctx),
+ * CN_EUNSUPPORTED (a model with sliding-window layers, unless n_seqs is 1) — with nothing
+ * changed — or a backend error, after which the states are undefined. */
+int cn_model_forward_seqs(cn_model *m, cn_seq_batch *seqs, int n_seqs);
 /* One token; logits [vocab] of it. */
 int cn_model_decode(cn_model *m, cn_state *s, int32_t token, float *logits);
 /* One token; *next gets its greedy pick (cn_batch.argmax), its logits never reach the host. */

@@ -113,6 +113,7 @@ typedef struct cn_scratch {
     int64_t ids0;      /* the token ids[0] is known to hold on the backend, or -1: a decode step
                         * writes its greedy pick there, so the next token's upload is skipped */
     float *host_logits; /* [V] host row for a backend without cn_op_argmax (malloc'd) */
+    struct seq *sq;     /* [U] the sequences of a piece of several (forward.c; malloc'd) */
 } cn_scratch;
 
 struct cn_model {

@@ -270,6 +270,53 @@ static void test_restart_resumes(void **st) {
     free(dir);
 }
 
+/* A process killed in the middle of a prefill: engine A's cancel poll, after its fifth forward,
+ * waits for the writer and opens engine B over the same folder while A is still inside the
+ * request (B sees exactly the files a kill -9 would leave: A never reaches its close). B
+ * resumes from the last restore point A passed, [0, 32), with the prompt's logits exact. */
+typedef struct crash {
+    env *a;
+    const char *dir;
+    const int32_t *p;
+    int n;
+    int forwards, checked;
+} crash;
+
+static int crash_cb(void *ctx) {
+    crash *c = ctx;
+    if (++c->forwards < 5) return 0; /* forwards end at 9, 18, 27, 32, 41 */
+    assert_int_equal(cn_pc_flush(&c->a->e->pc), 0);
+    env b;
+    env_open(&b, c->dir, 32, 9, 1 << 30, 1 << 30);
+    assert_int_equal(b.e->pc.n_disk_skipped, 0);
+    assert_int_equal(b.e->pc.n_disk_loaded, 1); /* [0, 32): no close has run */
+    turn(&b, c->p, c->n, 2, 32);
+    env_close(&b);
+    c->checked = 1;
+    return 1;
+}
+
+static void test_killed_mid_prefill(void **st) {
+    (void)st;
+    char *dir = tu_mkdtemp("disk-killed");
+    env v;
+    env_open(&v, dir, 32, 9, 1 << 30, 1 << 30);
+    int32_t p[120];
+    for (int i = 0; i < 120; i++) p[i] = rnd_token(v.V);
+    crash c = {.a = &v, .dir = dir, .p = p, .n = 120};
+    cn_request r = {.tokens = p, .n_tokens = 120, .max_tokens = 2, .cancel = crash_cb, .ctx = &c};
+    cn_sampler_params_default(&r.sampling);
+    cn_result res;
+    assert_int_equal(cn_engine_generate(v.e, &r, &res), CN_ECANCELED);
+    assert_true(c.checked);
+    assert_int_equal(res.prompt_eval_count, 41);
+    assert_true(cn_pc_check(&v.e->pc));
+    free(res.tokens);
+    env_close(&v);
+    tu_rmtree(dir);
+    free(dir);
+}
+
 /* With a RAM budget far below one branch and a disk tier, old branches are paged out instead of
  * dropped, and each one restores from disk at its own pre-end point. */
 static void test_ram_pages_to_disk(void **st) {
@@ -706,6 +753,7 @@ int main(void) {
         cmocka_unit_test(test_disk_module),
         cmocka_unit_test(test_model_identity),
         cmocka_unit_test(test_restart_resumes),
+        cmocka_unit_test(test_killed_mid_prefill),
         cmocka_unit_test(test_ram_pages_to_disk),
         cmocka_unit_test(test_draft_restart_and_page),
         cmocka_unit_test(test_window_restart_and_page),

@@ -315,6 +315,106 @@ static void test_decode_replay(void **st) {
     close_model(&f);
 }
 
+/* ---- several sequences in one forward ------------------------------------------------------- */
+
+/* Compares a sequence's logits row from the batched forward with the one it got alone: the same
+ * bits on the CPU, within the parity tolerance on a device (its products over more rows may
+ * round differently). */
+static void expect_row(const fixture *f, const float *got, const float *want) {
+    if (!strcmp(cn_backend_name(f->b), "cpu")) {
+        assert_memory_equal(got, want, (size_t)f->V * sizeof(float));
+        return;
+    }
+    float amax = 0;
+    for (int v = 0; v < f->V; v++) amax = fabsf(want[v]) > amax ? fabsf(want[v]) : amax;
+    for (int v = 0; v < f->V; v++) assert_true(fabsf(got[v] - want[v]) <= REL_TOL * (amax + 1));
+}
+
+static int32_t argmax_row(const float *row, int V) {
+    int32_t best = 0;
+    for (int v = 1; v < V; v++)
+        if (row[v] > row[best]) best = v;
+    return best;
+}
+
+/* Four sequences at different offsets: a mixed step (decode tokens beside prefill chunks, one of
+ * them a sequence's first), then decode steps of all four, a greedy pick among them; every
+ * sequence's logits are those it gets forwarded alone. Then the refusals, which change nothing. */
+static void check_seqs(const char *name) {
+    fixture f;
+    open_model(&f, name, 64, 2);
+    golden g;
+    golden_load(&g, name, f.V);
+    enum { NS = 4, CTX = 128 };
+    cn_state *alone[NS], *batched[NS];
+    const int pre[NS] = {5, 9, 1, 0}; /* prompt tokens each absorbs before the batched steps */
+    float *want = malloc((size_t)NS * f.V * sizeof(float)), *got = malloc((size_t)NS * f.V * sizeof(float));
+    assert_true(want && got);
+    for (int i = 0; i < NS; i++) {
+        assert_int_equal(cn_state_create(&alone[i], f.m, CTX, 0), 0);
+        assert_int_equal(cn_state_create(&batched[i], f.m, CTX, 0), 0);
+        for (int k = 0; pre[i] && k < 2; k++) {
+            cn_batch bt = {.tokens = g.prompt + i, .n = pre[i]};
+            assert_int_equal(cn_model_forward(f.m, k ? batched[i] : alone[i], &bt), 0);
+        }
+    }
+    /* step 0: one token, a 7-token chunk, one token, a 3-token start */
+    const int n0[NS] = {1, 7, 1, 3};
+    int32_t picked = -1;
+    for (int step = 0; step < 8; step++) {
+        cn_seq_batch sb[NS];
+        for (int i = 0; i < NS; i++) {
+            const int n = step == 0 ? n0[i] : 1;
+            const int32_t *t = g.prompt + (i * 3 + step) % (g.n_prompt - 8);
+            cn_batch bt = {.tokens = t, .n = n, .logits = want + (size_t)i * f.V};
+            assert_int_equal(cn_model_forward(f.m, alone[i], &bt), 0);
+            sb[i] = (cn_seq_batch){.state = batched[i], .tokens = t, .n = n,
+                                   .logits = i == 2 && step % 2 ? NULL : got + (size_t)i * f.V,
+                                   .argmax = i == 2 ? &picked : NULL};
+        }
+        assert_int_equal(cn_model_forward_seqs(f.m, sb, NS), 0);
+        for (int i = 0; i < NS; i++) {
+            assert_int_equal(batched[i]->offset, alone[i]->offset);
+            if (sb[i].logits) expect_row(&f, got + (size_t)i * f.V, want + (size_t)i * f.V);
+        }
+        assert_int_equal(picked, argmax_row(want + 2 * (size_t)f.V, f.V));
+    }
+    /* refusals: a state twice, more tokens than a piece holds, past a state's context */
+    int offs[NS];
+    for (int i = 0; i < NS; i++) offs[i] = batched[i]->offset;
+    int32_t many[65] = {0};
+    cn_seq_batch dup[2] = {{.state = batched[0], .tokens = g.prompt, .n = 1},
+                           {.state = batched[0], .tokens = g.prompt, .n = 1}};
+    assert_int_equal(cn_model_forward_seqs(f.m, dup, 2), CN_EINVAL);
+    cn_seq_batch big[2] = {{.state = batched[0], .tokens = many, .n = 60},
+                           {.state = batched[1], .tokens = many, .n = 5}};
+    assert_int_equal(cn_model_forward_seqs(f.m, big, 2), CN_EINVAL);
+    cn_state *small;
+    assert_int_equal(cn_state_create(&small, f.m, 8, 0), 0);
+    cn_seq_batch far[2] = {{.state = batched[0], .tokens = many, .n = 1},
+                           {.state = small, .tokens = many, .n = 9}};
+    assert_int_equal(cn_model_forward_seqs(f.m, far, 2), CN_ECONTEXT);
+    assert_int_equal(small->offset, 0);
+    cn_state_free(small);
+    int32_t bad = f.V;
+    cn_seq_batch badid[2] = {{.state = batched[0], .tokens = many, .n = 1},
+                             {.state = batched[1], .tokens = &bad, .n = 1}};
+    assert_int_equal(cn_model_forward_seqs(f.m, badid, 2), CN_EINVAL);
+    for (int i = 0; i < NS; i++) assert_int_equal(batched[i]->offset, offs[i]);
+    for (int i = 0; i < NS; i++) {
+        cn_state_free(alone[i]);
+        cn_state_free(batched[i]);
+    }
+    free(want);
+    free(got);
+    golden_free(&g);
+    close_model(&f);
+}
+
+static void test_seqs_mix(void **st) { (void)st; check_seqs("nh-mix-f32"); }
+static void test_seqs_group(void **st) { (void)st; check_seqs("nh-group-bf16"); }
+static void test_seqs_fp8(void **st) { (void)st; check_seqs("nh-fp8"); }
+
 /* ---- sliding-window attention ---------------------------------------------------------------- */
 
 /* A synthetic f32 checkpoint with pattern pat (window 8 where it has 'S'), seed 0: two patterns
@@ -754,6 +854,8 @@ int main(void) {
         cmocka_unit_test(test_mtp),               cmocka_unit_test(test_bad_batches),
         cmocka_unit_test(test_sliding_window),    cmocka_unit_test(test_decode_replay),
         cmocka_unit_test(test_shared_fold),
+        cmocka_unit_test(test_seqs_mix),          cmocka_unit_test(test_seqs_group),
+        cmocka_unit_test(test_seqs_fp8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
