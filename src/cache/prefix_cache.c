@@ -10,27 +10,30 @@
 
 /* ---- helpers: layers, slots and bytes ------------------------------------------------------- */
 
-/* The live state holding trie layer l and its index there: the target's layers come first, then
- * the draft's. */
-static cn_state *lst(const cn_prefix_cache *pc, int l, int *ll) {
-    if (l < pc->live->n_layers) {
+/* The state of lane ln holding trie layer l and its index there: the target's layers come
+ * first, then the draft's. */
+static cn_state *lst(const cn_pc_lane *ln, int l, int *ll) {
+    if (l < ln->live->n_layers) {
         *ll = l;
-        return pc->live;
+        return ln->live;
     }
-    *ll = l - pc->live->n_layers;
-    return pc->draft;
+    *ll = l - ln->live->n_layers;
+    return ln->draft;
 }
 
-/* Sets the offset of every live state (KV rows below stay valid). */
-static void set_level(cn_prefix_cache *pc, int t) {
-    pc->live->offset = t;
-    if (pc->draft) pc->draft->offset = t;
+/* Lane 0's state of trie layer l: the shapes every lane shares, for what only needs those. */
+static cn_state *shape_st(const cn_prefix_cache *pc, int l, int *ll) { return lst(&pc->lanes[0], l, ll); }
+
+/* Sets the offset of every live state of the lane (KV rows below stay valid). */
+static void set_level(cn_pc_lane *ln, int t) {
+    ln->live->offset = t;
+    if (ln->draft) ln->draft->offset = t;
 }
 
-static int reset_live(cn_prefix_cache *pc) {
-    int rc = cn_state_reset(pc->live);
-    if (!rc && pc->draft) rc = cn_state_reset(pc->draft);
-    if (!rc) pc->live_stale = 0;
+static int reset_live(cn_pc_lane *ln) {
+    int rc = cn_state_reset(ln->live);
+    if (!rc && ln->draft) rc = cn_state_reset(ln->draft);
+    if (!rc) ln->live_stale = 0;
     return rc;
 }
 
@@ -40,8 +43,8 @@ static int whole(cn_layer_kind k) { return k == CN_LAYER_RECURRENT || k == CN_LA
 /* 1 when the live whole-state layers are exactly at offset t for a prompt whose first lc keys the
  * live caches hold: the live offset itself, or below it while every ring is unwrapped and no
  * recurrent layer exists (state.h invariant 4). */
-static int live_reaches(const cn_prefix_cache *pc, int lc, int t) {
-    return !pc->live_stale && t <= lc && cn_state_can_rewind(pc->live, t);
+static int live_reaches(const cn_pc_lane *ln, int lc, int t) {
+    return !ln->live_stale && t <= lc && cn_state_can_rewind(ln->live, t);
 }
 
 static uint64_t ram_size(const cn_snap *s) { return s && s->tier == CN_SNAP_RAM ? s->bytes : 0; }
@@ -69,7 +72,7 @@ static int materialize(cn_prefix_cache *pc, cn_node *n, int l) {
     cn_snap *s = n->slots[l];
     if (!s || s->tier != CN_SNAP_LIVE) return CN_OK;
     int ll;
-    cn_state *st = lst(pc, l, &ll);
+    cn_state *st = shape_st(pc, l, &ll);
     int rc = cn_snap_materialize(s, st, ll, new_tier(pc));
     if (!rc) {
         pc->ram_bytes += ram_size(s);
@@ -168,7 +171,7 @@ static int node_write(cn_prefix_cache *pc, cn_node *n) {
         for (int k = 0; k < x->n_keys; k++) cn_disk_blob_set_key(b, cn_node_start(x) + k, x->keys[k]);
     for (int l = 0; !rc && l < L; l++) {
         int ll;
-        cn_state *st = lst(pc, l, &ll);
+        cn_state *st = shape_st(pc, l, &ll);
         if (n->slots[l]) rc = cn_snap_read(n->slots[l], st, ll, cn_disk_blob_slot(b, l));
     }
     if (rc) {
@@ -262,9 +265,18 @@ static void persist(cn_prefix_cache *pc) {
 
 /* ---- init / free ------------------------------------------------------------------------------ */
 
+static int lane_init(cn_pc_lane *ln, cn_state *live, cn_state *draft, cn_node *root) {
+    memset(ln, 0, sizeof *ln);
+    ln->live = live;
+    ln->draft = draft;
+    ln->cap_live_keys = live->max_ctx;
+    ln->live_keys = malloc((size_t)(ln->cap_live_keys ? ln->cap_live_keys : 1) * sizeof *ln->live_keys);
+    ln->frontier = root;
+    return ln->live_keys ? CN_OK : CN_ENOMEM;
+}
+
 int cn_pc_init(cn_prefix_cache *pc, cn_state *live, const cn_pc_opts *o) {
     memset(pc, 0, sizeof *pc);
-    pc->live = live;
     if (o) pc->o = *o;
     if (pc->o.spacing <= 0) pc->o.spacing = 1024;
     if (!o) pc->o.pre_end = 4;
@@ -272,9 +284,13 @@ int cn_pc_init(cn_prefix_cache *pc, cn_state *live, const cn_pc_opts *o) {
     if (pc->o.evict_steps <= 0) pc->o.evict_steps = 8;
     int n = live->n_layers;
     pc->kind = calloc((size_t)(n ? n : 1), sizeof *pc->kind);
-    pc->cap_live_keys = live->max_ctx;
-    pc->live_keys = malloc((size_t)(pc->cap_live_keys ? pc->cap_live_keys : 1) * sizeof *pc->live_keys);
-    if (!pc->kind || !pc->live_keys || cn_trie_init(&pc->trie, n)) {
+    pc->lanes = calloc(1, sizeof *pc->lanes);
+    if (!pc->kind || !pc->lanes || cn_trie_init(&pc->trie, n)) {
+        cn_pc_free(pc);
+        return CN_ENOMEM;
+    }
+    pc->n_lanes = 1;
+    if (lane_init(&pc->lanes[0], live, NULL, pc->trie.root)) {
         cn_pc_free(pc);
         return CN_ENOMEM;
     }
@@ -288,17 +304,17 @@ int cn_pc_init(cn_prefix_cache *pc, cn_state *live, const cn_pc_opts *o) {
         pc->n_rec += pc->kind[l] == CN_LAYER_RECURRENT;
         pc->n_win += pc->kind[l] == CN_LAYER_WINDOW;
     }
-    pc->frontier = pc->trie.root;
     return cn_state_reset(live);
 }
 
 int cn_pc_attach_draft(cn_prefix_cache *pc, cn_state *draft) {
-    if (pc->disk || pc->trie.n_nodes || pc->draft) return CN_EBUSY;
-    if (!draft || draft->max_ctx < pc->live->max_ctx) return CN_EINVAL;
+    cn_pc_lane *ln = &pc->lanes[0];
+    if (pc->disk || pc->trie.n_nodes || ln->draft || pc->n_lanes > 1) return CN_EBUSY;
+    if (!draft || draft->max_ctx < ln->live->max_ctx) return CN_EINVAL;
     for (int l = 0; l < draft->n_layers; l++)
         if (draft->layers[l].type == CN_BLOCK_MAMBA || draft->layers[l].type == CN_BLOCK_SWA)
             return CN_EUNSUPPORTED;
-    int n = pc->live->n_layers + draft->n_layers;
+    int n = ln->live->n_layers + draft->n_layers;
     cn_layer_kind *kind = realloc(pc->kind, (size_t)(n ? n : 1) * sizeof *kind);
     if (!kind) return CN_ENOMEM;
     pc->kind = kind;
@@ -306,15 +322,33 @@ int cn_pc_attach_draft(cn_prefix_cache *pc, cn_state *draft) {
     if (cn_trie_init(&t, n)) return CN_ENOMEM;
     cn_trie_free(&pc->trie);
     pc->trie = t;
-    pc->frontier = pc->trie.root;
+    ln->frontier = pc->trie.root;
     for (int l = 0; l < draft->n_layers; l++) {
         int kv = draft->layers[l].type == CN_BLOCK_ATTN;
-        kind[pc->live->n_layers + l] = kv ? CN_LAYER_KV : CN_LAYER_NONE;
+        kind[ln->live->n_layers + l] = kv ? CN_LAYER_KV : CN_LAYER_NONE;
         pc->n_kv += kv;
     }
-    pc->draft = draft;
+    ln->draft = draft;
     pc->lookahead = 1;
-    return reset_live(pc);
+    return reset_live(ln);
+}
+
+int cn_pc_add_lane(cn_prefix_cache *pc, cn_state *live, cn_state *draft) {
+    const cn_pc_lane *l0 = &pc->lanes[0];
+    if (!live || live->model != l0->live->model || live->mtp || live->max_ctx != l0->live->max_ctx ||
+        !draft != !l0->draft || (draft && (draft->model != live->model || draft->max_ctx < live->max_ctx)))
+        return CN_EINVAL;
+    cn_pc_lane *lanes = realloc(pc->lanes, (size_t)(pc->n_lanes + 1) * sizeof *lanes);
+    if (!lanes) return CN_ENOMEM;
+    pc->lanes = lanes;
+    cn_pc_lane *ln = &pc->lanes[pc->n_lanes];
+    int rc = lane_init(ln, live, draft, pc->trie.root);
+    if (!rc) rc = reset_live(ln);
+    if (rc) {
+        free(ln->live_keys);
+        return rc;
+    }
+    return pc->n_lanes++;
 }
 
 static int evict(cn_prefix_cache *pc, int ram_too);
@@ -339,7 +373,8 @@ void cn_pc_free(cn_prefix_cache *pc) {
     cn_disk_close(pc->disk); /* drains the queue: what close handed over reaches the disk */
     if (pc->trie.root) cn_trie_free(&pc->trie);
     free(pc->kind);
-    free(pc->live_keys);
+    for (int i = 0; i < pc->n_lanes; i++) free(pc->lanes[i].live_keys);
+    free(pc->lanes);
     memset(pc, 0, sizeof *pc);
 }
 
@@ -354,10 +389,12 @@ int cn_pc_reset(cn_prefix_cache *pc) {
     cn_trie_free(&pc->trie);
     pc->ram_bytes = 0;
     pc->dev_bytes = 0;
-    pc->pinned = NULL;
     int rc = cn_trie_init(&pc->trie, L);
-    pc->frontier = pc->trie.root;
-    if (!rc) rc = reset_live(pc);
+    for (int i = 0; i < pc->n_lanes; i++) {
+        pc->lanes[i].pinned = NULL;
+        pc->lanes[i].frontier = pc->trie.root;
+        if (!rc) rc = reset_live(&pc->lanes[i]);
+    }
     return rc;
 }
 
@@ -374,7 +411,7 @@ static cn_node *split_node(cn_prefix_cache *pc, cn_node *node, int at) {
         cn_snap *s = node->slots[l];
         if (pc->kind[l] != CN_LAYER_KV || !s) continue;
         int ll;
-        cn_state *st = lst(pc, l, &ll);
+        cn_state *st = shape_st(pc, l, &ll);
         ok = cn_snap_kv_split(s, st, ll, at, &head_kv[l], &tail_kv[l]) == CN_OK;
     }
     cn_node *head = ok ? cn_trie_split(&pc->trie, node, at) : NULL;
@@ -410,7 +447,7 @@ static int merge_child(cn_prefix_cache *pc, cn_node *node) {
         if (pc->kind[l] != CN_LAYER_KV) continue;
         cn_snap *a = node->slots[l], *b = c->slots[l];
         if (!a || !b) continue; /* a gap: the merged edge has no KV for this layer */
-        if (a->tier != b->tier || a->tier != CN_SNAP_LIVE) {
+        if (a->tier != b->tier || a->tier != CN_SNAP_LIVE || a->src != b->src) {
             rc = materialize(pc, node, l);
             if (!rc) rc = materialize(pc, c, l);
             /* one on the device, one in RAM (a full device): both in RAM */
@@ -418,7 +455,7 @@ static int merge_child(cn_prefix_cache *pc, cn_node *node) {
             if (!rc && a->tier != b->tier) rc = slot_to_host(pc, c, l);
         }
         int ll;
-        cn_state *st = lst(pc, l, &ll);
+        cn_state *st = shape_st(pc, l, &ll);
         if (!rc) rc = cn_snap_kv_concat(a, b, st, ll, &kv[l]);
     }
     if (rc) {
@@ -482,6 +519,7 @@ int cn_pc_schedule(cn_pc_session *sess, int off, int user) {
 
 typedef struct lazy_ctx {
     cn_prefix_cache *pc;
+    const cn_pc_lane *ln;
     int above;
     int rc;
 } lazy_ctx;
@@ -490,7 +528,8 @@ static int mat_lazy_above(cn_node *n, void *ctx) {
     lazy_ctx *c = ctx;
     for (int l = 0; l < c->pc->trie.n_layers; l++) {
         cn_snap *s = n->slots[l];
-        if (s && s->tier == CN_SNAP_LIVE && s->to > c->above) {
+        int ll;
+        if (s && s->tier == CN_SNAP_LIVE && s->to > c->above && s->src == lst(c->ln, l, &ll)) {
             c->rc = materialize(c->pc, n, l);
             if (c->rc) return 1;
         }
@@ -498,28 +537,28 @@ static int mat_lazy_above(cn_node *n, void *ctx) {
     return 0;
 }
 
-/* Copies every LIVE snapshot whose rows reach past `above` out of the live buffers. */
-static int materialize_lazy_above(cn_prefix_cache *pc, int above) {
-    lazy_ctx c = {pc, above, CN_OK};
+/* Copies every LIVE snapshot of lane ln whose rows reach past `above` out of its buffers. */
+static int materialize_lazy_above(cn_prefix_cache *pc, const cn_pc_lane *ln, int above) {
+    lazy_ctx c = {pc, ln, above, CN_OK};
     cn_trie_walk(&pc->trie, mat_lazy_above, &c);
     return c.rc;
 }
 
 /* Restores the live caches to offset t along path[0..np) (every layer must reach t, which the
  * caller computed), starting from a live prefix of `lc` valid keys. */
-static int restore_to(cn_prefix_cache *pc, cn_node **path, int np, int lc, int t) {
-    cn_state *s = pc->live;
+static int restore_to(cn_prefix_cache *pc, cn_pc_lane *ln, cn_node **path, int np, int lc, int t) {
+    cn_state *s = ln->live;
     int w = lc < t ? lc : t, rc;
-    if ((rc = materialize_lazy_above(pc, w))) return rc;
+    if ((rc = materialize_lazy_above(pc, ln, w))) return rc;
     /* whole states (recurrent, windows) already exactly at t */
-    int live_ok = live_reaches(pc, lc, t);
-    if (t == 0) return reset_live(pc);
+    int live_ok = live_reaches(ln, lc, t);
+    if (t == 0) return reset_live(ln);
     for (int i = 0; i < np; i++) {
         cn_node *n = path[i];
         int a = cn_node_start(n) > w ? cn_node_start(n) : w, b = n->end < t ? n->end : t;
         for (int l = 0; b > a && l < pc->trie.n_layers; l++) {
             int ll;
-            cn_state *st = lst(pc, l, &ll);
+            cn_state *st = lst(ln, l, &ll);
             if (pc->kind[l] == CN_LAYER_KV && (rc = cn_snap_kv_restore(n->slots[l], st, ll, a, b)))
                 return rc;
         }
@@ -534,15 +573,16 @@ static int restore_to(cn_prefix_cache *pc, cn_node **path, int np, int lc, int t
         }
         if (n->end <= t) n->last_used = pc->trie.clock;
     }
-    set_level(pc, t);
-    pc->live_stale = 0;
+    set_level(ln, t);
+    ln->live_stale = 0;
     return CN_OK;
 }
 
 /* The offset the live caches can be restored to along path[0..np) for a match of `matched` keys,
  * with the live caches holding the first lc keys of the prompt. */
-static int restore_target(const cn_prefix_cache *pc, cn_node **path, int np, int lc, int matched) {
-    int off = pc->live->offset;
+static int restore_target(const cn_prefix_cache *pc, const cn_pc_lane *ln, cn_node **path, int np,
+                          int lc, int matched) {
+    int off = ln->live->offset;
     /* Attention layers reach as far as live rows plus contiguous snapshots go. */
     int reach = matched;
     for (int l = 0; l < pc->trie.n_layers; l++) {
@@ -561,8 +601,8 @@ static int restore_target(const cn_prefix_cache *pc, cn_node **path, int np, int
     if (pc->n_rec == 0 && pc->n_win == 0) t = reach;
     else {
         int below = lc < reach ? lc : reach;
-        if (live_reaches(pc, lc, below)) t = below;
-        else if (off <= lc && off <= reach && live_reaches(pc, lc, off)) t = off;
+        if (live_reaches(ln, lc, below)) t = below;
+        else if (off <= lc && off <= reach && live_reaches(ln, lc, off)) t = off;
         for (int j = 0; j < np; j++)
             if (path[j]->end <= reach && path[j]->end > t && has_all_states(pc, path[j])) t = path[j]->end;
     }
@@ -572,9 +612,10 @@ static int restore_target(const cn_prefix_cache *pc, cn_node **path, int np, int
 /* Pages in the nodes restore_to(t) reads: those holding rows in (min(lc, t), t), and the node
  * ending at t unless the live recurrent state is already there. Returns 0, 1 if some node's
  * file failed (its slots are gone: choose t again) or CN_ENOMEM. */
-static int page_in_path(cn_prefix_cache *pc, cn_node **path, int np, int lc, int t) {
+static int page_in_path(cn_prefix_cache *pc, const cn_pc_lane *ln, cn_node **path, int np, int lc,
+                        int t) {
     int w = lc < t ? lc : t, failed = 0;
-    int live_ok = live_reaches(pc, lc, t);
+    int live_ok = live_reaches(ln, lc, t);
     for (int i = 0; pc->disk && i < np; i++) {
         cn_node *n = path[i];
         if (!((n->end > w && cn_node_start(n) < t) || (n->end == t && !live_ok))) continue;
@@ -586,9 +627,16 @@ static int page_in_path(cn_prefix_cache *pc, cn_node **path, int np, int lc, int
 }
 
 int cn_pc_begin(cn_prefix_cache *pc, cn_pc_session *sess, const cn_key *keys, int n) {
+    return cn_pc_begin_on(pc, 0, sess, keys, n);
+}
+
+int cn_pc_begin_on(cn_prefix_cache *pc, int lane, cn_pc_session *sess, const cn_key *keys, int n) {
     memset(sess, 0, sizeof *sess);
+    if (lane < 0 || lane >= pc->n_lanes) return CN_EINVAL;
+    cn_pc_lane *ln = &pc->lanes[lane];
+    sess->lane = lane;
     if (n < 1 - pc->lookahead) return CN_EINVAL; /* pairs: a one-token prompt has no key */
-    if (n > pc->live->max_ctx) return CN_ECONTEXT;
+    if (n > ln->live->max_ctx) return CN_ECONTEXT;
     sess->n_layers = pc->trie.n_layers;
     int rc = push_keys(sess, keys, n);
     if (rc) return rc;
@@ -607,25 +655,25 @@ int cn_pc_begin(cn_prefix_cache *pc, cn_pc_session *sess, const cn_key *keys, in
     for (cn_node *x = m; x != pc->trie.root; x = x->parent) path[--i] = x;
 
     /* How far the live caches already hold this prompt. */
-    int off = pc->live->offset, lc = 0;
-    while (lc < off && lc < n && pc->live_keys[lc] == keys[lc]) lc++;
+    int off = ln->live->offset, lc = 0;
+    while (lc < off && lc < n && ln->live_keys[lc] == keys[lc]) lc++;
 
     /* The deepest offset every layer reaches; DISK slots count as present until a page-in fails
      * (then their node lost them, and the target is chosen again, shallower). */
-    int t = restore_target(pc, path, np, lc, matched);
-    while ((rc = page_in_path(pc, path, np, lc, t)) == 1) t = restore_target(pc, path, np, lc, matched);
-    if (rc == CN_OK) rc = restore_to(pc, path, np, lc, t);
+    int t = restore_target(pc, ln, path, np, lc, matched);
+    while ((rc = page_in_path(pc, ln, path, np, lc, t)) == 1) t = restore_target(pc, ln, path, np, lc, matched);
+    if (rc == CN_OK) rc = restore_to(pc, ln, path, np, lc, t);
     /* Eviction steps between this request's forwards leave its path alone (a branch point at
      * close is captured where the match ends). */
-    pc->pinned = np ? path[np - 1] : NULL;
+    ln->pinned = np ? path[np - 1] : NULL;
     free(path);
     if (rc) {
         cn_log(CN_LOG_WARN, "cache: restore to %d failed (%s); starting from 0", t, cn_strerror(rc));
-        materialize_lazy_above(pc, 0);
-        reset_live(pc);
+        materialize_lazy_above(pc, ln, 0);
+        reset_live(ln);
         t = 0;
     }
-    memcpy(pc->live_keys, keys, (size_t)t * sizeof *keys);
+    memcpy(ln->live_keys, keys, (size_t)t * sizeof *keys);
     sess->matched = matched;
     sess->restored = t;
     cn_debug("cache: %s: %d keys, %d matched, restored to %d", t ? "hit" : "miss", n, matched, t);
@@ -649,12 +697,13 @@ int cn_pc_captures_in(const cn_pc_session *sess, int from, int to, int *out, int
 int cn_pc_absorbed(cn_prefix_cache *pc, cn_pc_session *sess, int from, int to, cn_rsnap *caps,
                    int n_caps) {
     int rc = CN_OK;
+    cn_pc_lane *ln = &pc->lanes[sess->lane];
     /* With pair keys the last token forwarded may still wait for the key its successor makes. */
     int kto = to < sess->n_keys ? to : sess->n_keys;
-    if (to > sess->n_keys + pc->lookahead || from != pc->live->offset - (to - from) || to > pc->cap_live_keys)
+    if (to > sess->n_keys + pc->lookahead || from != ln->live->offset - (to - from) || to > ln->cap_live_keys)
         rc = CN_EINVAL;
     else if (kto > from)
-        memcpy(pc->live_keys + from, sess->keys + from, (size_t)(kto - from) * sizeof(cn_key));
+        memcpy(ln->live_keys + from, sess->keys + from, (size_t)(kto - from) * sizeof(cn_key));
     for (int c = 0; c < n_caps; c++) {
         cn_pc_capture cap = {caps[c].offset, 0, NULL};
         for (int i = 0; i < sess->n_sched; i++)
@@ -665,9 +714,9 @@ int cn_pc_absorbed(cn_prefix_cache *pc, cn_pc_session *sess, int from, int to, c
         }
         for (int l = 0, j = 0, w = 0; !rc && l < pc->trie.n_layers; l++) {
             if (pc->kind[l] == CN_LAYER_RECURRENT)
-                rc = cn_snap_state_from_capture(pc->live, &caps[c], j++, new_tier(pc), &cap.slots[l]);
+                rc = cn_snap_state_from_capture(ln->live, &caps[c], j++, new_tier(pc), &cap.slots[l]);
             else if (pc->kind[l] == CN_LAYER_WINDOW)
-                rc = cn_snap_window_from_capture(pc->live, &caps[c], w++, new_tier(pc), &cap.slots[l]);
+                rc = cn_snap_window_from_capture(ln->live, &caps[c], w++, new_tier(pc), &cap.slots[l]);
         }
         if (!rc && sess->n_caps == sess->cap_caps) {
             int cap2 = sess->cap_caps ? 2 * sess->cap_caps : 8;
@@ -685,7 +734,7 @@ int cn_pc_absorbed(cn_prefix_cache *pc, cn_pc_session *sess, int from, int to, c
             for (int l = 0; l < pc->trie.n_layers; l++) cn_snap_free(cap.slots[l]);
             free(cap.slots);
         }
-        cn_rsnap_free(pc->live->model, &caps[c]);
+        cn_rsnap_free(ln->live->model, &caps[c]);
     }
     return rc;
 }
@@ -696,7 +745,7 @@ int cn_pc_absorbed(cn_prefix_cache *pc, cn_pc_session *sess, int from, int to, c
  * rows where it has none: an empty node rebuilt from disk without its parent's file, or a node
  * whose file failed, is filled in by the next request that crosses it instead of blocking every
  * restore below it for good. */
-static int heal(cn_prefix_cache *pc, cn_node *n) {
+static int heal(cn_prefix_cache *pc, const cn_pc_lane *ln, cn_node *n) {
     int need = 0;
     for (int l = 0; l < pc->trie.n_layers; l++) need |= pc->kind[l] == CN_LAYER_KV && !n->slots[l];
     if (!need) return CN_OK;
@@ -704,7 +753,7 @@ static int heal(cn_prefix_cache *pc, cn_node *n) {
     for (int l = 0; !rc && l < pc->trie.n_layers; l++) {
         if (pc->kind[l] != CN_LAYER_KV || n->slots[l]) continue;
         int ll;
-        cn_state *st = lst(pc, l, &ll);
+        cn_state *st = lst(ln, l, &ll);
         cn_snap *s = cn_snap_kv_lazy(st, ll, cn_node_start(n), n->end);
         if (!s) rc = CN_ENOMEM;
         else slot_set(pc, n, l, s);
@@ -714,20 +763,20 @@ static int heal(cn_prefix_cache *pc, cn_node *n) {
 
 /* The node ending exactly at `target` on the live keys' path, creating or splitting as needed.
  * New edges get lazy attention snapshots (their rows are in the live buffers). */
-static cn_node *advance(cn_prefix_cache *pc, int target) {
+static cn_node *advance(cn_prefix_cache *pc, const cn_pc_lane *ln, int target) {
     cn_node *cur = pc->trie.root;
     while (cur->end < target) {
         int e = cur->end;
         cn_node *c = NULL;
         for (int i = 0; i < cur->n_child; i++)
-            if (cur->child[i]->keys[0] == pc->live_keys[e]) c = cur->child[i];
+            if (cur->child[i]->keys[0] == ln->live_keys[e]) c = cur->child[i];
         if (!c) {
-            cn_node *nn = cn_trie_add_child(&pc->trie, cur, pc->live_keys + e, target - e);
+            cn_node *nn = cn_trie_add_child(&pc->trie, cur, ln->live_keys + e, target - e);
             if (!nn) return NULL;
             for (int l = 0; l < pc->trie.n_layers; l++)
                 if (pc->kind[l] == CN_LAYER_KV) {
                     int ll;
-                    cn_state *st = lst(pc, l, &ll);
+                    cn_state *st = lst(ln, l, &ll);
                     cn_snap *s = cn_snap_kv_lazy(st, ll, e, target);
                     if (!s) return NULL;
                     slot_set(pc, nn, l, s);
@@ -735,14 +784,14 @@ static cn_node *advance(cn_prefix_cache *pc, int target) {
             return nn;
         }
         int k = 0;
-        while (k < c->n_keys && e + k < target && c->keys[k] == pc->live_keys[e + k]) k++;
+        while (k < c->n_keys && e + k < target && c->keys[k] == ln->live_keys[e + k]) k++;
         if (k < c->n_keys) {
             /* The path leaves this edge (or stops) at e + k: split there. */
             cn_node *head = split_node(pc, c, e + k);
             if (!head) return NULL;
             c = head;
         }
-        if (heal(pc, c)) return NULL;
+        if (heal(pc, ln, c)) return NULL;
         cur = c;
     }
     return cur;
@@ -761,15 +810,15 @@ static cn_node *compact(cn_prefix_cache *pc, cn_node *node) {
 /* The level the live caches can be recorded at: with a draft, the lowest of the target offset,
  * the draft offset and the keys known; everything is moved down to it. Returns 1 when the
  * target's recurrent state is past the level (it cannot be rewound: stale until restored). */
-static int level_for_close(cn_prefix_cache *pc, cn_pc_session *sess) {
-    int o = pc->live->offset;
-    if (pc->draft && pc->draft->offset < o) o = pc->draft->offset;
+static int level_for_close(cn_pc_lane *ln, cn_pc_session *sess) {
+    int o = ln->live->offset;
+    if (ln->draft && ln->draft->offset < o) o = ln->draft->offset;
     if (sess->n_keys < o) o = sess->n_keys;
-    int stale = !cn_state_can_rewind(pc->live, o); /* a recurrent layer, or a wrapped ring */
+    int stale = !cn_state_can_rewind(ln->live, o); /* a recurrent layer, or a wrapped ring */
     if (o > sess->restored)
-        memcpy(pc->live_keys + sess->restored, sess->keys + sess->restored,
+        memcpy(ln->live_keys + sess->restored, sess->keys + sess->restored,
                (size_t)(o - sess->restored) * sizeof(cn_key));
-    set_level(pc, o);
+    set_level(ln, o);
     return stale;
 }
 
@@ -777,6 +826,7 @@ static int level_for_close(cn_prefix_cache *pc, cn_pc_session *sess) {
  * state; those are taken out of the session, the ones above o stay in it. *deepest: the node
  * the last one attached ended as (NULL if none). CN_ENOMEM if a capture had to be dropped. */
 static int attach_caps(cn_prefix_cache *pc, cn_pc_session *sess, int o, cn_node **deepest) {
+    const cn_pc_lane *ln = &pc->lanes[sess->lane];
     int rc = CN_OK, kept = 0;
     *deepest = NULL;
     for (int c = 0; c < sess->n_caps; c++) {
@@ -785,7 +835,7 @@ static int attach_caps(cn_prefix_cache *pc, cn_pc_session *sess, int o, cn_node 
             sess->caps[kept++] = *cap;
             continue;
         }
-        cn_node *n = advance(pc, cap->offset);
+        cn_node *n = advance(pc, ln, cap->offset);
         int adds = n && cap->user && !n->user;
         for (int l = 0; n && l < pc->trie.n_layers; l++) adds |= cap->slots[l] && !n->slots[l];
         if (adds && node_unfile(pc, n)) n = NULL; /* out of memory: the capture is dropped */
@@ -811,34 +861,36 @@ static int attach_caps(cn_prefix_cache *pc, cn_pc_session *sess, int o, cn_node 
 }
 
 int cn_pc_commit(cn_prefix_cache *pc, cn_pc_session *sess) {
-    if (pc->live_stale) return CN_OK; /* a failed forward: close records nothing of it either */
-    int o = pc->live->offset;
-    if (pc->draft && pc->draft->offset < o) o = pc->draft->offset;
+    cn_pc_lane *ln = &pc->lanes[sess->lane];
+    if (ln->live_stale) return CN_OK; /* a failed forward: close records nothing of it either */
+    int o = ln->live->offset;
+    if (ln->draft && ln->draft->offset < o) o = ln->draft->offset;
     if (sess->n_keys < o) o = sess->n_keys;
     int any = 0;
     for (int c = 0; c < sess->n_caps; c++) any |= sess->caps[c].offset <= o && sess->caps[c].offset > 0;
     if (!any) return CN_OK;
     /* attaching splits and merges nodes (the pinned one too): the deepest node attached protects
      * the request's path from here on, its ancestors being that path */
-    pc->pinned = NULL;
+    ln->pinned = NULL;
     cn_node *deep;
     int rc = attach_caps(pc, sess, o, &deep);
-    pc->pinned = deep;
+    ln->pinned = deep;
     persist(pc);
     return rc;
 }
 
 int cn_pc_close(cn_prefix_cache *pc, cn_pc_session *sess) {
-    pc->pinned = NULL; /* close splits and merges nodes; the frontier protects from here on */
-    int stale = level_for_close(pc, sess) | pc->live_stale;
-    int o = pc->live->offset;
+    cn_pc_lane *ln = &pc->lanes[sess->lane];
+    ln->pinned = NULL; /* close splits and merges nodes; the frontier protects from here on */
+    int stale = level_for_close(ln, sess) | ln->live_stale;
+    int o = ln->live->offset;
     /* 1. every capture the forwards crossed becomes a node with its recurrent state */
     cn_node *deep;
     int rc = attach_caps(pc, sess, o, &deep);
     /* 2. the segment the caches rest at, with its own snapshots */
     cn_node *f = pc->trie.root;
     if (o > 0) {
-        f = advance(pc, o);
+        f = advance(pc, ln, o);
         int adds = 0;
         for (int l = 0; f && !stale && l < pc->trie.n_layers; l++)
             adds |= whole(pc->kind[l]) && !f->slots[l];
@@ -849,8 +901,8 @@ int cn_pc_close(cn_prefix_cache *pc, cn_pc_session *sess) {
         for (int l = 0; f && !stale && l < pc->trie.n_layers; l++) {
             if (!whole(pc->kind[l]) || f->slots[l]) continue;
             cn_snap *s;
-            int r = pc->kind[l] == CN_LAYER_RECURRENT ? cn_snap_state_take(pc->live, l, new_tier(pc), &s)
-                                                       : cn_snap_window_take(pc->live, l, new_tier(pc), &s);
+            int r = pc->kind[l] == CN_LAYER_RECURRENT ? cn_snap_state_take(ln->live, l, new_tier(pc), &s)
+                                                       : cn_snap_window_take(ln->live, l, new_tier(pc), &s);
             if (r) rc = r;
             else slot_set(pc, f, l, s);
         }
@@ -858,8 +910,8 @@ int cn_pc_close(cn_prefix_cache *pc, cn_pc_session *sess) {
     if (f && f != pc->trie.root) f = compact(pc, f);
     if (!f) f = pc->trie.root;
     f->last_used = pc->trie.clock;
-    pc->frontier = f;
-    pc->live_stale = stale;
+    ln->frontier = f;
+    ln->live_stale = stale;
     persist(pc); /* with a disk tier: the nodes this request created or changed, cancelled or not */
     cn_pc_evict_step(pc, pc->o.evict_steps); /* the rest between later forwards or when idle */
     cn_pc_session_free(sess);
@@ -882,11 +934,14 @@ void cn_pc_session_free(cn_pc_session *sess) {
 
 /* ---- eviction ---------------------------------------------------------------------------------- */
 
+/* On some lane's active path: its frontier's ancestors, or its running request's pinned node's. */
 static int on_active_path(const cn_prefix_cache *pc, const cn_node *n) {
-    for (const cn_node *x = pc->frontier; x; x = x->parent)
-        if (x == n) return 1;
-    for (const cn_node *x = pc->pinned; x; x = x->parent)
-        if (x == n) return 1;
+    for (int i = 0; i < pc->n_lanes; i++) {
+        for (const cn_node *x = pc->lanes[i].frontier; x; x = x->parent)
+            if (x == n) return 1;
+        for (const cn_node *x = pc->lanes[i].pinned; x; x = x->parent)
+            if (x == n) return 1;
+    }
     return 0;
 }
 
@@ -1039,7 +1094,7 @@ static int layout_ok(const cn_prefix_cache *pc, const cn_disk_node *h) {
     for (int l = 0; l < h->n_layers; l++) {
         const cn_disk_slot *s = &h->slots[l];
         int ll;
-        const cn_state *st = lst(pc, l, &ll);
+        const cn_state *st = shape_st(pc, l, &ll);
         if (!s->kind) continue;
         if (pc->kind[l] == CN_LAYER_KV &&
             (s->kind != CN_SNAP_KV || s->from != h->start || s->to != h->end ||
@@ -1077,8 +1132,8 @@ static void on_file(void *ctx, const char *path, const cn_disk_node *h, int rc, 
         pc->n_disk_skipped++;
         return;
     }
-    if (h->end > pc->live->max_ctx) {
-        cn_info("cache: leaving %s: %d tokens exceed the context of %d", path, h->end, pc->live->max_ctx);
+    if (h->end > pc->lanes[0].live->max_ctx) {
+        cn_info("cache: leaving %s: %d tokens exceed the context of %d", path, h->end, pc->lanes[0].live->max_ctx);
         return;
     }
     if (a->n == a->cap) {
@@ -1218,7 +1273,7 @@ fail:
     int L = pc->trie.n_layers;
     cn_trie_free(&pc->trie);
     cn_trie_init(&pc->trie, L);
-    pc->frontier = pc->trie.root;
+    for (int i = 0; i < pc->n_lanes; i++) pc->lanes[i].frontier = pc->trie.root;
     cn_disk_close(pc->disk);
     pc->disk = NULL;
     pc->disk_bytes = 0;
@@ -1255,14 +1310,22 @@ static int sum_node(cn_node *n, void *ctx) {
         if (pc->kind[l] == CN_LAYER_WINDOW && (s->kind != CN_SNAP_WINDOW || s->tier == CN_SNAP_LIVE)) c->ok = 0;
         if (pc->kind[l] == CN_LAYER_NONE) c->ok = 0;
         if (s->tier == CN_SNAP_LIVE) {
-            /* invariant 2: within the live keys */
-            if (s->to > pc->live->offset) c->ok = 0;
+            /* invariant 2: within the live keys of the lane whose state holds the rows */
+            const cn_pc_lane *ln = NULL;
+            for (int i = 0; i < pc->n_lanes; i++) {
+                int ll;
+                if (lst(&pc->lanes[i], l, &ll) == s->src) ln = &pc->lanes[i];
+            }
+            if (!ln || s->to > ln->live->offset) {
+                c->ok = 0;
+                continue;
+            }
             const cn_node *x = n;
             int e = n->end;
             while (x && x->n_keys) {
                 for (int k = 0; k < x->n_keys; k++)
-                    if (e - x->n_keys + k < pc->live->offset &&
-                        x->keys[k] != pc->live_keys[e - x->n_keys + k])
+                    if (e - x->n_keys + k < ln->live->offset &&
+                        x->keys[k] != ln->live_keys[e - x->n_keys + k])
                         c->ok = 0;
                 e -= x->n_keys;
                 x = x->parent;

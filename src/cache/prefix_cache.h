@@ -1,8 +1,9 @@
 /* prefix_cache.h - restore points for hybrid models: the trie, the live caches, and the policy
  * that moves state between them (DESIGN.md §2).
  *
- * One prefix cache per loaded model wraps the model's live state (one cn_state) and a trie of
- * restore points. A request's life, drawn as transitions:
+ * One prefix cache per loaded model wraps one trie of restore points and the live caches its
+ * requests run in: one lane (a cn_state, and the draft's) per request that may run at once, every
+ * lane beginning from the one trie and closing into it. A request's life, drawn as transitions:
  *
  *     IDLE --cn_pc_begin--> PREFILL --cn_pc_absorbed (per forward)--> PREFILL
  *     PREFILL --cn_pc_commit (after a chunk)--> PREFILL   (captures passed become nodes now)
@@ -105,24 +106,32 @@ typedef enum cn_layer_kind {
                          * ring rewinds only while it has not wrapped */
 } cn_layer_kind;
 
-typedef struct cn_prefix_cache {
-    cn_trie trie;            /* slots: the target's layers, then the draft's */
+/* One set of live caches the trie's requests run in: the target's state and the draft's, with
+ * what they hold. Lane 0 is cn_pc_init's; cn_pc_add_lane adds more, one per request that may run
+ * at once. A LIVE snapshot belongs to the lane whose state holds its rows (cn_snap.src). */
+typedef struct cn_pc_lane {
     cn_state *live;          /* the live caches; not owned */
-    cn_state *draft;         /* (optional) the draft head's live caches; not owned */
-    int lookahead;           /* 1 with a draft (pair keys), else 0 */
+    cn_state *draft;         /* (with a draft) the draft head's live caches; not owned */
     int live_stale;          /* 1: the live whole state (recurrent, windows) is not at
                               * live->offset (see above);
                               * a caller whose forward failed sets it before cn_pc_close */
-    cn_pc_opts o;
-    cn_layer_kind *kind;     /* [n_layers] of the trie: target layers, then draft layers */
-    int n_kv, n_rec, n_win;
     cn_key *live_keys;       /* [live->offset] keys of what the live caches hold */
     int cap_live_keys;
-    uint64_t ram_bytes;      /* RAM-tier snapshot bytes (invariant 3) */
-    uint64_t dev_bytes;      /* DEVICE-tier snapshot bytes (invariant 3) */
     cn_node *frontier;       /* where the live caches rested at the last close (root at start) */
     cn_node *pinned;         /* during a request: the deepest node of its match, protected from
                               * eviction with its ancestors as the frontier is; NULL otherwise */
+} cn_pc_lane;
+
+typedef struct cn_prefix_cache {
+    cn_trie trie;            /* slots: the target's layers, then the draft's */
+    cn_pc_lane *lanes;       /* [n_lanes]; lanes[0] from cn_pc_init */
+    int n_lanes;
+    int lookahead;           /* 1 with a draft (pair keys), else 0 */
+    cn_pc_opts o;
+    cn_layer_kind *kind;     /* [n_layers] of the trie: target layers, then draft layers */
+    int n_kv, n_rec, n_win;
+    uint64_t ram_bytes;      /* RAM-tier snapshot bytes (invariant 3) */
+    uint64_t dev_bytes;      /* DEVICE-tier snapshot bytes (invariant 3) */
     struct cn_disk *disk;    /* (optional) the disk tier (disk.h); owned */
     uint64_t disk_budget;    /* bytes of snapshots kept in node files */
     uint64_t disk_bytes;     /* bytes of snapshots in node files (invariant 5) */
@@ -144,6 +153,7 @@ typedef struct cn_pc_capture {
 
 /* One request's view. Caller-allocated; cn_pc_session_free after close. */
 typedef struct cn_pc_session {
+    int lane;             /* the lane whose live caches it runs in */
     cn_key *keys;         /* [n_keys] prompt keys, then generated ones */
     int n_keys, cap_keys;
     int n_prompt;         /* keys of the prompt */
@@ -163,6 +173,10 @@ int cn_pc_init(cn_prefix_cache *pc, cn_state *live, const cn_pc_opts *o);
  * or a tier is attached), CN_EUNSUPPORTED (the draft has recurrent layers: they could not be
  * rewound past a rejected draft), CN_EINVAL or CN_ENOMEM; on error nothing changes. */
 int cn_pc_attach_draft(cn_prefix_cache *pc, cn_state *draft);
+/* Adds a lane: live (and draft, exactly when lane 0 has one) of the same model and context as
+ * lane 0's, reset to offset 0. Before or after requests, never during one on that lane. Returns
+ * the lane's index, or CN_EINVAL (shapes that differ) or CN_ENOMEM. */
+int cn_pc_add_lane(cn_prefix_cache *pc, cn_state *live, cn_state *draft);
 /* Frees the trie; with a disk tier, first writes the nodes a full queue turned away (waiting for
  * room), keeps the disk budget, and waits for the writer to finish (files stay). */
 void cn_pc_free(cn_prefix_cache *pc);
@@ -188,6 +202,11 @@ int cn_pc_flush(cn_prefix_cache *pc);
  * tokens, the last of which is always evaluated). On error the session is empty and the live caches are at
  * offset 0 (nothing was guessed). */
 int cn_pc_begin(cn_prefix_cache *pc, cn_pc_session *sess, const cn_key *keys, int n);
+/* cn_pc_begin in lane `lane`'s live caches (cn_pc_begin is lane 0). One request at a time per
+ * lane; requests in different lanes may interleave their calls (from one thread at a time). A
+ * restore reads the trie's snapshots whatever lane took them: another lane's LIVE rows are
+ * copied. */
+int cn_pc_begin_on(cn_prefix_cache *pc, int lane, cn_pc_session *sess, const cn_key *keys, int n);
 
 /* The capture offsets inside (from, to], for a forward over that range (at most max). */
 int cn_pc_captures_in(const cn_pc_session *sess, int from, int to, int *out, int max);

@@ -265,8 +265,10 @@ static cn_snap *kv_new(const cn_state *s, int layer, int from, int to, cn_snap_t
 }
 
 cn_snap *cn_snap_kv_lazy(const cn_state *s, int layer, int from, int to) {
-    return snap_new(CN_SNAP_KV, CN_SNAP_LIVE, from, to,
-                    2 * (uint64_t)(to - from) * cn_snap_kv_row_bytes(s, layer));
+    cn_snap *p = snap_new(CN_SNAP_KV, CN_SNAP_LIVE, from, to,
+                          2 * (uint64_t)(to - from) * cn_snap_kv_row_bytes(s, layer));
+    if (p) p->src = s;
+    return p;
 }
 
 static int kv_download(const cn_state *s, int layer, int from, int to, uint8_t *dst) {
@@ -284,7 +286,7 @@ int cn_snap_materialize(cn_snap *snap, const cn_state *s, int layer, cn_snap_tie
     if (snap->tier != CN_SNAP_LIVE || snap->kind != CN_SNAP_KV) return CN_EINVAL;
     cn_snap *p = kv_new(s, layer, snap->from, snap->to, tier);
     if (!p) return CN_ENOMEM;
-    const cn_layer_state *ls = &s->layers[layer];
+    const cn_layer_state *ls = &snap->src->layers[layer]; /* the rows are the source state's */
     int rc = CN_OK, n = snap->to - snap->from;
     if (n > 0) {
         cn_tensor k = cn_tensor_rows(&ls->k, snap->from, n), v = cn_tensor_rows(&ls->v, snap->from, n);
@@ -354,8 +356,8 @@ int cn_snap_kv_split(const cn_snap *snap, const cn_state *s, int layer, int at, 
     cn_snap *h, *t;
     int rc = CN_OK;
     if (snap->tier == CN_SNAP_LIVE) {
-        h = cn_snap_kv_lazy(s, layer, snap->from, at);
-        t = cn_snap_kv_lazy(s, layer, at, snap->to);
+        h = cn_snap_kv_lazy(snap->src, layer, snap->from, at);
+        t = cn_snap_kv_lazy(snap->src, layer, at, snap->to);
     } else {
         h = kv_new(s, layer, snap->from, at, snap->tier);
         t = kv_new(s, layer, at, snap->to, snap->tier);
@@ -398,7 +400,8 @@ int cn_snap_kv_concat(const cn_snap *a, const cn_snap *b, const cn_state *s, int
                       cn_snap **out) {
     if (a->kind != CN_SNAP_KV || b->kind != CN_SNAP_KV || a->to != b->from) return CN_EINVAL;
     if (a->tier == CN_SNAP_LIVE && b->tier == CN_SNAP_LIVE) {
-        *out = cn_snap_kv_lazy(s, layer, a->from, b->to);
+        if (a->src != b->src) return CN_EINVAL; /* rows of two states: materialize them first */
+        *out = cn_snap_kv_lazy(a->src, layer, a->from, b->to);
         return *out ? CN_OK : CN_ENOMEM;
     }
     if (a->tier != b->tier || (a->tier != CN_SNAP_RAM && a->tier != CN_SNAP_DEVICE)) return CN_EINVAL;
@@ -435,9 +438,16 @@ int cn_snap_kv_concat(const cn_snap *a, const cn_snap *b, const cn_state *s, int
 
 int cn_snap_kv_restore(cn_snap *snap, cn_state *s, int layer, int from, int to) {
     if (snap->kind != CN_SNAP_KV || from < snap->from || to > snap->to || from > to) return CN_EINVAL;
-    if (snap->tier == CN_SNAP_LIVE || from == to) return CN_OK;
-    if (snap->tier != CN_SNAP_RAM && snap->tier != CN_SNAP_DEVICE) return CN_EINVAL;
+    if (from == to || (snap->tier == CN_SNAP_LIVE && snap->src == s)) return CN_OK;
     cn_layer_state *ls = &s->layers[layer];
+    if (snap->tier == CN_SNAP_LIVE) { /* another state's rows: a copy between the two buffers */
+        const cn_layer_state *src = &snap->src->layers[layer];
+        cn_tensor dk = cn_tensor_rows(&ls->k, from, to - from), dv = cn_tensor_rows(&ls->v, from, to - from);
+        cn_tensor sk = cn_tensor_rows(&src->k, from, to - from), sv = cn_tensor_rows(&src->v, from, to - from);
+        int rc = cn_backend_copy(backend(s), &dk, &sk);
+        return rc ? rc : cn_backend_copy(backend(s), &dv, &sv);
+    }
+    if (snap->tier != CN_SNAP_RAM && snap->tier != CN_SNAP_DEVICE) return CN_EINVAL;
     uint64_t row = cn_snap_kv_row_bytes(s, layer), n = (uint64_t)(to - from) * row;
     uint64_t half = (uint64_t)(snap->to - snap->from) * row, off = (uint64_t)(from - snap->from) * row;
     int rc = get_bytes(snap, backend(s), off, &ls->k, (uint64_t)from * row, n);
@@ -458,7 +468,8 @@ int cn_snap_read(const cn_snap *snap, const cn_state *s, int layer, uint8_t *dst
         return rc;
     }
     if (snap->tier != CN_SNAP_LIVE || snap->kind != CN_SNAP_KV) return CN_EINVAL;
-    return kv_download(s, layer, snap->from, snap->to, dst);
+    (void)s;
+    return kv_download(snap->src, layer, snap->from, snap->to, dst);
 }
 
 cn_snap *cn_snap_disk(cn_snap_kind kind, int from, int to, uint64_t bytes) {

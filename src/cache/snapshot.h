@@ -30,7 +30,9 @@
  * caller never sees a copy half done; nothing else ever waits for a to_host.
  *
  * Invariants:
- *  (1) A LIVE snapshot's rows equal the live buffer's rows [from, to), and to <= the live offset.
+ *  (1) A LIVE snapshot's rows equal its source state's rows [from, to), and to <= that state's
+ *      offset. Functions that read a LIVE snapshot read its source; a restore into the source is
+ *      free, into another state a copy between the two buffers.
  *  (2) bytes is the size the snapshot has when materialized; LIVE snapshots count 0 in budgets.
  *  (3) Functions that fail leave the snapshot as it was.
  *  (4) Exactly the tier's storage is held: dev for DEVICE, ram for RAM, neither for LIVE and
@@ -63,6 +65,8 @@ typedef struct cn_snap {
     int ram_pinned; /* ram came from cn_backend_buf_alloc(be, CN_BUF_HOST) */
     uint64_t fence; /* RAM: the last copy queued into or out of ram (0: none) */
     uint64_t bytes; /* materialized size */
+    const cn_state *src; /* LIVE: the state whose rows [from, to) these are (not owned); the
+                          * prefix cache keeps one live state per lane (prefix_cache.h) */
 } cn_snap;
 
 /* Byte sizes of one layer's pieces, from the live state. */

@@ -94,7 +94,7 @@ static int read_aliases(const cn_flag_list *l, const char *name, char pats[][256
 int cn_cmd_serve(int argc, char **argv) {
     const char *model = NULL, *name = NULL, *host = NULL, *api_key = NULL, *cache_dir = NULL;
     const char *backend = NULL;
-    int port = 11435, threads = 0, ubatch = 0, max_queue = 64, quiet = 0, json = 0;
+    int port = 11435, threads = 0, ubatch = 0, max_queue = 64, quiet = 0, json = 0, parallel = 1;
     float finish_cancelled = 120, keepalive = 5, header_timeout = 30;
     uint64_t max_body = 32u << 20;
     cn_engine_opts eo = {.cache = {.pre_end = 4}};
@@ -114,6 +114,7 @@ int cn_cmd_serve(int argc, char **argv) {
         {"cache-disk", CN_FLAG_SIZE, &eo.disk_budget, "SIZE", "disk for restore points (default 16G)", 0, 0},
         {"api-key", CN_FLAG_STR, &api_key, "KEY", "require Authorization: Bearer KEY (or x-api-key: KEY)", 0, 0},
         {"alias", CN_FLAG_LIST, &alias, "PATTERN=MODEL", "serve requests for names matching PATTERN ('claude-*') with the model (repeatable)", 0, 0},
+        {"parallel", CN_FLAG_INT, &parallel, "N", "requests that run at once, their decode steps batched (default 1); the context is per request", 0, 0},
         {"max-queue", CN_FLAG_INT, &max_queue, "N", "requests that may wait before 503 (default 64)", 0, 0},
         {"finish-cancelled", CN_FLAG_FLOAT, &finish_cancelled, "SECONDS",
          "keep prefilling a prompt whose client left, while idle, up to SECONDS (default 120; 0: off)", 0, 0},
@@ -132,7 +133,7 @@ int cn_cmd_serve(int argc, char **argv) {
         {NULL, 0, NULL, NULL, NULL, 0, 0},
     };
     const char *syn = "serve [--model DIR] [--name NAME] [--host 127.0.0.1] [--port 11435] [--ctx N] "
-                      "[--cache-ram SIZE] [--cache-dir DIR] [--api-key KEY] [--max-queue N] "
+                      "[--cache-ram SIZE] [--cache-dir DIR] [--api-key KEY] [--parallel N] [--max-queue N] "
                       "[--finish-cancelled SECONDS] [--quiet] [--json]";
     int rc = cn_flags_parse(flags, argc, argv, syn);
     if (rc) return rc > 0 ? 0 : 2;
@@ -144,10 +145,11 @@ int cn_cmd_serve(int argc, char **argv) {
         return 2;
     }
     if (port < 0 || port > 65535 || eo.ctx < 0 || eo.chunk < 0 || eo.cache.spacing < 0 ||
-        max_queue < 1 || max_queue > 100000 || finish_cancelled < 0 || finish_cancelled > 3600 ||
+        max_queue < 1 || max_queue > 100000 || parallel < 1 || parallel > 64 || finish_cancelled < 0 ||
+        finish_cancelled > 3600 ||
         keepalive <= 0 || header_timeout <= 0 || max_body < 1024) {
         fprintf(stderr, "cairn: out of range: --port 0..65535, --ctx/--chunk/--cache-spacing >= 0, "
-                        "--max-queue 1..100000, --finish-cancelled 0..3600, --keepalive > 0, "
+                        "--max-queue 1..100000, --parallel 1..64, --finish-cancelled 0..3600, --keepalive > 0, "
                         "--header-timeout > 0, --max-body >= 1K\n");
         return 2;
     }
@@ -199,9 +201,13 @@ int cn_cmd_serve(int argc, char **argv) {
         goto done;
     }
     eo.cache.dev_budget = cn_cli_dev_budget(cache_gpu, b);
+    /* every lane holds a whole state: each gets its share of the memory */
     cn_ctx_plan plan;
-    if ((rc = cn_ctx_plan_make(c, eo.ctx, cn_ctx_budget(m, &eo.cache), &plan))) goto done;
+    uint64_t budget = cn_ctx_budget(m, &eo.cache);
+    if (budget != CN_CTX_UNKNOWN) budget /= (uint64_t)parallel;
+    if ((rc = cn_ctx_plan_make(c, eo.ctx, budget, &plan))) goto done;
     eo.ctx = plan.ctx;
+    eo.lanes = parallel;
     if (cache_dir) cn_cli_progress_stage(&prog, "state for %d tokens, restore points in %s", eo.ctx, cache_dir);
     else cn_cli_progress_stage(&prog, "state for %d tokens", eo.ctx);
     if ((rc = cn_engine_open(&e, m, &eo, &err))) {
@@ -213,7 +219,11 @@ int cn_cmd_serve(int argc, char **argv) {
     cn_model_stats_get(m, &st);
     cn_cli_progress_done(&prog, st.params);
     char plan_line[400];
-    if (!quiet) fprintf(stderr, "cairn: %s\n", cn_ctx_plan_line(&plan, plan_line, sizeof plan_line));
+    if (!quiet && parallel > 1)
+        fprintf(stderr, "cairn: %s, for each of %d requests at once\n", cn_ctx_plan_line(&plan, plan_line, sizeof plan_line),
+                parallel);
+    else if (!quiet)
+        fprintf(stderr, "cairn: %s\n", cn_ctx_plan_line(&plan, plan_line, sizeof plan_line));
     uint64_t bytes = 0, most = 0;
     int qd = 0;
     for (int i = 0; i < CN_DTYPE_COUNT; i++) {

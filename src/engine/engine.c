@@ -2,6 +2,7 @@
 #include "engine/engine.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -16,6 +17,35 @@ static double now_ms(void) {
     return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
 }
 
+/* Lane k's state, drafter and scratch, and its lane in the prefix cache (lane 0's is the one
+ * cn_pc_init made; the drafter of lane 0 makes the cache's keys pairs). */
+static int lane_open(cn_engine *e, int k, cn_err *err) {
+    cn_engine_lane *L = &e->lanes[k];
+    const cn_config *c = cn_model_config(e->m);
+    int rc = cn_state_create(&L->live, e->m, e->o.ctx, 0);
+    if (rc) return cn_err_set(err, rc, "cannot allocate the state for %d tokens: %s", e->o.ctx, cn_strerror(rc));
+    if (k == 0 && (rc = cn_pc_init(&e->pc, L->live, &e->o.cache)))
+        return cn_err_set(err, rc, "cannot set up the prefix cache: %s", cn_strerror(rc));
+    /* The drafter and its draft cache: a property of the model, built before the disk tier so
+     * that the files hold the draft's rows and pair keys too. */
+    if (cn_model_has_mtp(e->m) && (k == 0 || e->lanes[0].spec)) {
+        rc = cn_spec_open(&L->spec, e->m, e->o.ctx, e->o.spec_depth, e->o.spec_fixed);
+        if (rc == CN_EINVAL && k == 0) {
+            cn_info("engine: the MTP head has recurrent layers; decoding without speculation");
+            L->spec = NULL;
+        } else if (rc || (k == 0 && (rc = cn_pc_attach_draft(&e->pc, L->spec->draft)))) {
+            return cn_err_set(err, rc, "cannot set up the drafter: %s", cn_strerror(rc));
+        } else if (!(L->hidden = malloc((size_t)e->o.chunk * c->hidden_size * sizeof *L->hidden))) {
+            return cn_err_set(err, CN_ENOMEM, "out of memory");
+        }
+    }
+    if (k > 0 && (rc = cn_pc_add_lane(&e->pc, L->live, L->spec ? L->spec->draft : NULL)) < 0)
+        return cn_err_set(err, rc, "cannot add lane %d to the prefix cache: %s", k, cn_strerror(rc));
+    if (!(L->logits = malloc((size_t)c->vocab_size * sizeof *L->logits)))
+        return cn_err_set(err, CN_ENOMEM, "out of memory");
+    return CN_OK;
+}
+
 int cn_engine_open(cn_engine **out, cn_model *m, const cn_engine_opts *o, cn_err *err) {
     cn_engine *e = calloc(1, sizeof *e);
     if (!e) return cn_err_set(err, CN_ENOMEM, "out of memory");
@@ -23,48 +53,42 @@ int cn_engine_open(cn_engine **out, cn_model *m, const cn_engine_opts *o, cn_err
     if (o) e->o = *o;
     else e->o.cache.pre_end = 4;
     if (e->o.ctx <= 0) e->o.ctx = 4096;
+    if (e->o.lanes <= 0) e->o.lanes = 1;
+    if (e->o.lanes > 1 && e->o.no_cache) { /* a cold run resets the one cache before each request */
+        free(e);
+        return cn_err_set(err, CN_EINVAL, "cold runs (no cache) take one lane");
+    }
     /* a device forwards a whole piece (2048 tokens) in milliseconds: cancels stay prompt there,
      * and smaller forwards would halve its prefill; the CPU keeps 512 so a cancel is honoured
      * within seconds on a large model */
     if (e->o.chunk <= 0)
         e->o.chunk = strcmp(cn_backend_name(cn_model_backend(m)), "cpu") ? cn_model_ubatch(m) : 512;
     const cn_config *c = cn_model_config(m);
-    int rc = cn_state_create(&e->live, m, e->o.ctx, 0);
-    if (rc) {
-        cn_err_set(err, rc, "cannot allocate the state for %d tokens: %s", e->o.ctx, cn_strerror(rc));
+    int rc = CN_OK;
+    if (pthread_mutex_init(&e->mu, NULL)) {
+        free(e);
+        return cn_err_set(err, CN_ENOMEM, "cannot create the engine's lock");
+    }
+    if (pthread_cond_init(&e->gate_cv, NULL)) {
+        pthread_mutex_destroy(&e->mu);
+        free(e);
+        return cn_err_set(err, CN_ENOMEM, "cannot create the engine's condition");
+    }
+    e->lanes = calloc((size_t)e->o.lanes, sizeof *e->lanes);
+    e->eos = malloc((size_t)(c->n_eos ? c->n_eos : 1) * sizeof *e->eos);
+    if (!e->lanes || !e->eos) {
+        rc = cn_err_set(err, CN_ENOMEM, "out of memory");
         goto fail;
     }
-    if ((rc = cn_pc_init(&e->pc, e->live, &e->o.cache))) {
-        cn_err_set(err, rc, "cannot set up the prefix cache: %s", cn_strerror(rc));
-        goto fail;
-    }
-    /* The drafter and its draft cache: a property of the model, built before the disk tier so
-     * that the files hold the draft's rows and pair keys too. */
-    if (cn_model_has_mtp(m)) {
-        rc = cn_spec_open(&e->spec, m, e->o.ctx, e->o.spec_depth, e->o.spec_fixed);
-        if (rc == CN_EINVAL) {
-            cn_info("engine: the MTP head has recurrent layers; decoding without speculation");
-            e->spec = NULL;
-        } else if (rc || (rc = cn_pc_attach_draft(&e->pc, e->spec->draft))) {
-            cn_err_set(err, rc, "cannot set up the drafter: %s", cn_strerror(rc));
-            goto fail;
-        } else if (!(e->hidden = malloc((size_t)e->o.chunk * c->hidden_size * sizeof *e->hidden))) {
-            rc = cn_err_set(err, CN_ENOMEM, "out of memory");
-            goto fail;
-        }
-        rc = CN_OK;
-    }
+    for (int k = 0; k < e->o.lanes; k++)
+        if ((rc = lane_open(e, k, err))) goto fail;
+    e->live = e->lanes[0].live;
+    e->spec = e->lanes[0].spec;
     /* A cold-run engine restores nothing, so it neither reads nor writes the disk tier. */
     if (e->o.cache_dir && !e->o.no_cache &&
         (rc = cn_pc_attach_disk(&e->pc, e->o.cache_dir, cn_model_identity(m), e->o.disk_budget, err)))
         goto fail;
     e->o.cache_dir = NULL; /* the caller's string; the tier keeps its own copy */
-    e->logits = malloc((size_t)c->vocab_size * sizeof *e->logits);
-    e->eos = malloc((size_t)(c->n_eos ? c->n_eos : 1) * sizeof *e->eos);
-    if (!e->logits || !e->eos) {
-        rc = cn_err_set(err, CN_ENOMEM, "out of memory");
-        goto fail;
-    }
     for (int i = 0; i < c->n_eos; i++) e->eos[i] = c->eos_token_ids[i];
     e->n_eos = c->n_eos;
     *out = e;
@@ -76,14 +100,23 @@ fail:
 
 void cn_engine_close(cn_engine *e) {
     if (!e) return;
-    if (e->live) cn_pc_free(&e->pc);
-    cn_spec_close(e->spec);
-    free(e->hidden);
-    cn_state_free(e->live);
-    free(e->logits);
+    if (e->lanes && e->lanes[0].live) cn_pc_free(&e->pc);
+    for (int k = 0; e->lanes && k < e->o.lanes; k++) {
+        cn_engine_lane *L = &e->lanes[k];
+        cn_spec_close(L->spec);
+        free(L->hidden);
+        cn_state_free(L->live);
+        free(L->logits);
+    }
+    free(e->lanes);
     free(e->eos);
+    pthread_cond_destroy(&e->gate_cv);
+    pthread_mutex_destroy(&e->mu);
     free(e);
 }
+
+static void lock(cn_engine *e) { pthread_mutex_lock(&e->mu); }
+static void unlock(cn_engine *e) { pthread_mutex_unlock(&e->mu); }
 
 static int is_eos(const cn_engine *e, int32_t t) {
     for (int i = 0; i < e->n_eos; i++)
@@ -91,39 +124,119 @@ static int is_eos(const cn_engine *e, int32_t t) {
     return 0;
 }
 
-/* Forwards tokens [from, to) (tokens[0..known) are known), capturing at scheduled offsets. With
- * a drafter, each position's hidden is queued as a draft slot with the token after it (-1 for
- * the last known token, whose successor is yet to be sampled). With `greedy` the last position's
- * greedy pick lands there (taken on the backend) instead of its logits in e->logits. */
-static int forward(cn_engine *e, cn_pc_session *sess, const int32_t *tokens, int from, int to,
-                   int want_logits, int known, int32_t *greedy) {
-    int at[64];
-    cn_rsnap caps[64];
-    int nc = cn_pc_captures_in(sess, from, to, at, 64);
-    cn_batch bt = {.tokens = tokens + from, .n = to - from,
-                   .logits = want_logits && !greedy ? e->logits : NULL, .argmax = greedy,
-                   .capture_at = at, .n_capture = nc, .captures = caps};
-    if (e->spec) {
-        bt.all_hidden = 1;
-        bt.hidden = e->hidden;
-    }
-    int rc = cn_model_forward(e->m, e->live, &bt);
-    if (rc) return rc;
-    rc = cn_pc_absorbed(&e->pc, sess, from, to, caps, nc);
-    if (rc || !e->spec) return rc;
+/* After a forward of lane L absorbed [from, to): the cache records it, and with a drafter each
+ * position's hidden is queued as a draft slot with the token after it (-1 for the last known
+ * token, whose successor is yet to be sampled). */
+static int absorbed(cn_engine *e, cn_engine_lane *L, cn_pc_session *sess, const int32_t *tokens,
+                    int from, int to, int known, cn_rsnap *caps, int nc) {
+    int rc = cn_pc_absorbed(&e->pc, sess, from, to, caps, nc);
+    if (rc || !L->spec) return rc;
     int32_t next[64];
     for (int s = from; !rc && s < to; s += 64) {
         int k = to - s < 64 ? to - s : 64;
         for (int i = 0; i < k; i++) next[i] = s + i + 1 < known ? tokens[s + i + 1] : -1;
-        rc = cn_spec_feed(e->spec, e->hidden + (size_t)(s - from) * e->spec->H, next, k, 1);
+        rc = cn_spec_feed(L->spec, L->hidden + (size_t)(s - from) * L->spec->H, next, k, 1);
     }
     return rc;
 }
 
-/* Samples the next token from e->logits under the request's mask (which may rewrite the row), or
+/* The decode gate (caller holds the lock): every lane waiting here takes its next token in one
+ * forward; a lane whose step crosses a capture (none is scheduled past a prompt today, but the
+ * cache may ask) runs alone first. Wakes them all. */
+static void run_gate(cn_engine *e) {
+    cn_seq_batch sb[64];
+    cn_engine_lane *in[64];
+    int n = 0;
+    for (int k = 0; k < e->o.lanes; k++) {
+        cn_engine_lane *L = &e->lanes[k];
+        if (!L->gate_want) continue;
+        int at = L->live->offset, cap_at[1];
+        if (n == 64 || cn_pc_captures_in(L->sess, at, at + 1, cap_at, 1) > 0) {
+            cn_rsnap caps[1];
+            cn_batch bt = {.tokens = &L->gate_tok, .n = 1, .logits = L->gate_logits ? L->logits : NULL,
+                           .argmax = L->gate_greedy ? &L->gate_pick : NULL, .capture_at = cap_at,
+                           .n_capture = cn_pc_captures_in(L->sess, at, at + 1, cap_at, 1), .captures = caps,
+                           .hidden = L->spec ? L->hidden : NULL, .all_hidden = L->spec != NULL};
+            L->gate_rc = cn_model_forward(e->m, L->live, &bt);
+            if (!L->gate_rc)
+                L->gate_rc = absorbed(e, L, L->sess, &L->gate_tok, at, at + 1, at + 1, caps, bt.n_capture);
+            L->gate_want = 0;
+            L->gate_done = 1;
+            continue;
+        }
+        sb[n] = (cn_seq_batch){.state = L->live, .tokens = &L->gate_tok, .n = 1,
+                               .logits = L->gate_logits ? L->logits : NULL,
+                               .argmax = L->gate_greedy ? &L->gate_pick : NULL,
+                               .hidden = L->spec ? L->hidden : NULL};
+        in[n++] = L;
+    }
+    int rc = n ? cn_model_forward_seqs(e->m, sb, n) : CN_OK;
+    if (n > 1) {
+        e->gate_steps++;
+        e->gate_tokens += (uint64_t)n;
+    }
+    for (int i = 0; i < n; i++) {
+        cn_engine_lane *L = in[i];
+        int at = L->live->offset - 1;
+        L->gate_shared += n > 1;
+        L->gate_rc = rc ? rc : absorbed(e, L, L->sess, &L->gate_tok, at, at + 1, at + 1, NULL, 0);
+        L->gate_want = 0;
+        L->gate_done = 1;
+    }
+    e->n_ready = 0;
+    pthread_cond_broadcast(&e->gate_cv);
+}
+
+/* Lane L's one-token step through the gate (caller holds the lock): it runs when every decoding
+ * lane is there, and the lock is given up while waiting. */
+static int gate_step(cn_engine *e, cn_engine_lane *L, cn_pc_session *sess, int32_t tok, int want_logits,
+                     int32_t *greedy) {
+    L->sess = sess;
+    L->gate_tok = tok;
+    L->gate_logits = want_logits && !greedy;
+    L->gate_greedy = greedy != NULL;
+    L->gate_done = 0;
+    L->gate_want = 1;
+    if (++e->n_ready >= e->n_decoding) run_gate(e);
+    while (!L->gate_done) pthread_cond_wait(&e->gate_cv, &e->mu);
+    if (greedy) *greedy = L->gate_pick;
+    return L->gate_rc;
+}
+
+/* A request of lane L starts or stops decoding (caller holds the lock): the gate waits for the
+ * decoding lanes only, so one that stops may complete the step the others wait for. */
+static void set_decoding(cn_engine *e, int on) {
+    e->n_decoding += on ? 1 : -1;
+    if (!on && e->n_ready > 0 && e->n_ready >= e->n_decoding) run_gate(e);
+}
+
+/* Forwards tokens [from, to) of lane L (tokens[0..known) are known), capturing at scheduled
+ * offsets (caller holds the lock). With `greedy` the last position's greedy pick lands there
+ * (taken on the backend) instead of its logits in L->logits. With several lanes a one-token
+ * step goes through the gate. */
+static int forward(cn_engine *e, cn_engine_lane *L, cn_pc_session *sess, const int32_t *tokens, int from,
+                   int to, int want_logits, int known, int32_t *greedy) {
+    if (e->o.lanes > 1 && to - from == 1 && known == to)
+        return gate_step(e, L, sess, tokens[from], want_logits, greedy);
+    int at[64];
+    cn_rsnap caps[64];
+    int nc = cn_pc_captures_in(sess, from, to, at, 64);
+    cn_batch bt = {.tokens = tokens + from, .n = to - from,
+                   .logits = want_logits && !greedy ? L->logits : NULL, .argmax = greedy,
+                   .capture_at = at, .n_capture = nc, .captures = caps};
+    if (L->spec) {
+        bt.all_hidden = 1;
+        bt.hidden = L->hidden;
+    }
+    int rc = cn_model_forward(e->m, L->live, &bt);
+    return rc ? rc : absorbed(e, L, sess, tokens, from, to, known, caps, nc);
+}
+
+/* Samples the next token from L->logits under the request's mask (which may rewrite the row), or
  * takes `picked` (>= 0: the backend's greedy pick, for a request without mask whose sampler is
  * greedy). Returns 0 with *t, or 1: the mask ends the output here, as an end of sequence would. */
-static int pick(cn_engine *e, const cn_request *r, cn_sampler *smp, int32_t picked, int32_t *t) {
+static int pick(cn_engine *e, cn_engine_lane *L, const cn_request *r, cn_sampler *smp, int32_t picked,
+                int32_t *t) {
     if (picked >= 0) {
         *t = picked;
         return 0;
@@ -131,12 +244,12 @@ static int pick(cn_engine *e, const cn_request *r, cn_sampler *smp, int32_t pick
     if (r->mask) {
         float keep[16];
         int ne = e->n_eos < 16 ? e->n_eos : 16;
-        for (int i = 0; i < ne; i++) keep[i] = e->logits[e->eos[i]];
-        int fl = r->mask->apply(r->mask->ctx, e->logits, cn_model_config(e->m)->vocab_size);
+        for (int i = 0; i < ne; i++) keep[i] = L->logits[e->eos[i]];
+        int fl = r->mask->apply(r->mask->ctx, L->logits, cn_model_config(e->m)->vocab_size);
         if (fl & CN_MASK_ONLY_EOS) return 1;
-        for (int i = 0; i < ne; i++) e->logits[e->eos[i]] = (fl & CN_MASK_EOS_OK) ? keep[i] : -INFINITY;
+        for (int i = 0; i < ne; i++) L->logits[e->eos[i]] = (fl & CN_MASK_EOS_OK) ? keep[i] : -INFINITY;
     }
-    *t = cn_sampler_sample(smp, e->logits);
+    *t = cn_sampler_sample(smp, L->logits);
     return 0;
 }
 
@@ -145,6 +258,7 @@ static int pick(cn_engine *e, const cn_request *r, cn_sampler *smp, int32_t pick
 /* One request's decode state with a drafter: what the speculative loop threads through. */
 typedef struct dec {
     cn_engine *e;
+    cn_engine_lane *L;
     const cn_request *r;
     cn_result *res;
     cn_pc_session *sess;
@@ -200,14 +314,17 @@ static int end_here(dec *d, int32_t *t) {
 }
 
 /* DECODE with a drafter: plain steps or speculative rounds, as the controller (or the request)
- * decides; every step keeps the draft cache level with the target. */
+ * decides; every step keeps the draft cache level with the target. Called without the lock: it
+ * is taken for the forwards, never across a callback (take). A lane speculates only while no
+ * other lane decodes: the others would wait for its rounds at the gate. */
 static int decode_spec(dec *d) {
     cn_engine *e = d->e;
-    cn_spec *sp = e->spec;
+    cn_engine_lane *L = d->L;
+    cn_spec *sp = L->spec;
     cn_result *res = d->res;
     int speculate = !d->r->no_speculate && !e->o.no_speculate && !d->r->mask;
     int32_t cur = 0;
-    int st = pick(e, d->r, d->smp, -1, &cur) ? end_here(d, &cur) : take(d, cur);
+    int st = pick(e, L, d->r, d->smp, -1, &cur) ? end_here(d, &cur) : take(d, cur);
     if (st == GO) cn_sampler_accept(d->smp, cur);
     cn_spec_close_pair(sp, cur);
     /* one clock read per step: a step's end is the next one's start (cn_spec_now may be a
@@ -215,19 +332,24 @@ static int decode_spec(dec *d) {
     double t0 = cn_spec_now(sp), t1;
     while (st == GO) {
         int budget = d->r->max_tokens - res->eval_count - 1; /* drafts that leave room for one more */
-        int depth = speculate ? cn_spec_ctl_pick(&sp->ctl, budget) : 0;
+        lock(e);
+        int depth = speculate && e->n_decoding <= 1 ? cn_spec_ctl_pick(&sp->ctl, budget) : 0;
         if (depth == 0) {
-            int at = e->live->offset;
-            if ((d->rc = forward(e, d->sess, d->all, at, at + 1, 1, at + 1, NULL))) break;
+            int at = L->live->offset;
+            d->rc = forward(e, L, d->sess, d->all, at, at + 1, 1, at + 1, NULL);
+            unlock(e);
+            if (d->rc) break;
             res->plain_steps++;
-            st = pick(e, d->r, d->smp, -1, &cur) ? end_here(d, &cur) : take(d, cur);
+            st = pick(e, L, d->r, d->smp, -1, &cur) ? end_here(d, &cur) : take(d, cur);
             if (st == GO) cn_sampler_accept(d->smp, cur);
             cn_spec_close_pair(sp, cur);
             cn_spec_ctl_plain(&sp->ctl, (t1 = cn_spec_now(sp)) - t0);
             t0 = t1;
             continue;
         }
-        if ((d->rc = cn_spec_round(sp, e->live, d->smp, cur, depth))) break;
+        d->rc = cn_spec_round(sp, L->live, d->smp, cur, depth);
+        unlock(e);
+        if (d->rc) break;
         int keep = sp->n_out - 1;
         for (int i = 0; i < sp->n_out && st == GO; i++) {
             st = take(d, sp->out[i]);
@@ -240,7 +362,9 @@ static int decode_spec(dec *d) {
             res->pos_proposed[j]++;
             res->pos_accepted[j] += j < sp->n_acc;
         }
-        int crc = cn_spec_commit(sp, e->live, keep);
+        lock(e);
+        int crc = cn_spec_commit(sp, L->live, keep);
+        unlock(e);
         if (crc) {
             d->rc = crc;
             break;
@@ -253,9 +377,15 @@ static int decode_spec(dec *d) {
 }
 
 int cn_engine_generate(cn_engine *e, const cn_request *r, cn_result *res) {
+    return cn_engine_generate_on(e, 0, r, res);
+}
+
+int cn_engine_generate_on(cn_engine *e, int lane, const cn_request *r, cn_result *res) {
     memset(res, 0, sizeof *res);
     const cn_config *c = cn_model_config(e->m);
     int n = r->n_tokens;
+    if (lane < 0 || lane >= e->o.lanes) return CN_EINVAL;
+    cn_engine_lane *L = &e->lanes[lane];
     if (n <= 0 || !r->tokens || r->max_tokens < 0) return CN_EINVAL;
     for (int i = 0; i < n; i++)
         if (r->tokens[i] < 0 || r->tokens[i] >= c->vocab_size) return CN_EINVAL;
@@ -265,50 +395,45 @@ int cn_engine_generate(cn_engine *e, const cn_request *r, cn_result *res) {
     int32_t *all = malloc(((size_t)n + r->max_tokens + 1) * sizeof *all);
     cn_key *keys = malloc((size_t)n * sizeof *keys);
     res->tokens = malloc(((size_t)r->max_tokens + 1) * sizeof *res->tokens);
-    if (!all || !keys || !res->tokens) {
-        free(all);
-        free(keys);
-        free(res->tokens);
-        res->tokens = NULL;
-        cn_sampler_free(&smp);
-        return CN_ENOMEM;
+    int rc = all && keys && res->tokens ? CN_OK : CN_ENOMEM;
+    if (!rc) memcpy(all, r->tokens, (size_t)n * sizeof *all);
+    if (!rc && cn_keys_build(all, n, r->media, r->n_media, 0, keys))
+        rc = CN_EINVAL; /* media items out of order or outside the prompt */
+    /* a cold run restores nothing (one lane: cmd options make no_cache engines of one) */
+    if (!rc && e->o.no_cache) {
+        lock(e);
+        rc = cn_pc_reset(&e->pc);
+        unlock(e);
     }
-    int rc0;
-    memcpy(all, r->tokens, (size_t)n * sizeof *all);
-    if (cn_keys_build(all, n, r->media, r->n_media, 0, keys)) {
+    if (rc) {
         free(keys);
         free(all);
         free(res->tokens);
         res->tokens = NULL;
         cn_sampler_free(&smp);
-        return CN_EINVAL; /* media items out of order or outside the prompt */
-    }
-    if (e->o.no_cache && (rc0 = cn_pc_reset(&e->pc))) { /* a cold run restores nothing */
-        free(keys);
-        free(all);
-        free(res->tokens);
-        res->tokens = NULL;
-        cn_sampler_free(&smp);
-        return rc0;
+        return rc;
     }
     /* With a drafter, key i packs (symbol i, symbol i+1): n tokens give n-1 keys. */
     int nk = n;
     uint32_t last_sym = (uint32_t)keys[n - 1];
-    if (e->spec) {
+    if (L->spec) {
         for (int i = 0; i + 1 < n; i++) keys[i] = (keys[i] << 32) | (uint32_t)keys[i + 1];
         nk = n - 1;
     }
     double t0 = now_ms();
     cn_pc_session sess;
-    int rc = cn_pc_begin(&e->pc, &sess, keys, nk);
+    int decoding = 0; /* counted in e->n_decoding */
+    L->gate_shared = 0;
+    lock(e);
+    rc = cn_pc_begin_on(&e->pc, lane, &sess, keys, nk);
     free(keys);
     if (rc) goto out;
     res->prompt_tokens = n;
     res->matched_tokens = sess.matched;
     res->cached_tokens = sess.restored;
-    if (e->spec) {
-        cn_spec_begin(e->spec);
-        if (e->spec->draft->offset != sess.restored) {
+    if (L->spec) {
+        cn_spec_begin(L->spec);
+        if (L->spec->draft->offset != sess.restored) {
             rc = CN_EINVAL; /* the prefix cache restores target and draft as one level */
             goto close;
         }
@@ -325,7 +450,8 @@ int cn_engine_generate(cn_engine *e, const cn_request *r, cn_result *res) {
     /* PREFILL: forwards end at chunk boundaries and at the spacing's restore points (the
      * cancellation points). The others (the branch point, the one before the prompt's end) are
      * captured inside a forward: cutting there would cost a pass over the weights for a few
-     * tokens and buy no cancellation point worth having. */
+     * tokens and buy no cancellation point worth having. The lock is given up between chunks:
+     * the other lanes' decode steps and chunks run there. */
     int pos = sess.restored;
     while (pos < n) {
         int end = pos + e->o.chunk < n ? pos + e->o.chunk : n;
@@ -334,36 +460,44 @@ int cn_engine_generate(cn_engine *e, const cn_request *r, cn_result *res) {
                 end = sess.sched[i];
                 break;
             }
-        if ((rc = forward(e, &sess, all, pos, end, end == n, n, NULL))) goto close;
-        if (e->spec && (rc = cn_spec_flush(e->spec))) goto close; /* level at every chunk's end */
+        if ((rc = forward(e, L, &sess, all, pos, end, end == n, n, NULL))) goto close;
+        if (L->spec && (rc = cn_spec_flush(L->spec))) goto close; /* level at every chunk's end */
         /* the restore points passed join the trie now (with a disk tier, their files are queued):
          * a process killed later in this prompt resumes from the last one on disk */
         if ((rc = cn_pc_commit(&e->pc, &sess))) goto close;
         res->prompt_eval_count += end - pos;
         pos = end;
         if (pos < n) cn_pc_evict_step(&e->pc, 1); /* what closes left over budget, a node at a time */
+        unlock(e);
         if (r->on_progress) r->on_progress(r->ctx, pos, n);
-        if (pos < n && r->cancel && r->cancel(r->ctx)) {
+        int stop = pos < n && r->cancel && r->cancel(r->ctx);
+        lock(e);
+        if (stop) {
             rc = CN_ECANCELED;
             res->stop = CN_STOP_CANCELED;
             goto close;
         }
     }
     res->prompt_ms = now_ms() - t0;
-    if (r->prompt_logits) memcpy(r->prompt_logits, e->logits, (size_t)c->vocab_size * sizeof(float));
-    if (r->draft_logits && e->spec && e->spec->last_at == n - 1)
-        memcpy(r->draft_logits, e->spec->last_logits, (size_t)c->vocab_size * sizeof(float));
+    if (r->prompt_logits) memcpy(r->prompt_logits, L->logits, (size_t)c->vocab_size * sizeof(float));
+    if (r->draft_logits && L->spec && L->spec->last_at == n - 1)
+        memcpy(r->draft_logits, L->spec->last_logits, (size_t)c->vocab_size * sizeof(float));
     for (int i = 0; i < n; i++) cn_sampler_accept(&smp, all[i]);
 
-    /* DECODE: record, hand out, then forward (the last token is never forwarded). */
+    /* DECODE: record, hand out, then forward (the last token is never forwarded). The lock is
+     * held for the forwards only. */
     double t1 = now_ms();
     res->stop = CN_STOP_LENGTH;
-    if (e->spec) {
+    set_decoding(e, 1);
+    decoding = 1;
+    unlock(e);
+    if (L->spec) {
         if (r->max_tokens > 0) {
-            dec d = {e, r, res, &sess, &smp, all, n, last_sym, CN_OK};
+            dec d = {e, L, r, res, &sess, &smp, all, n, last_sym, CN_OK};
             rc = decode_spec(&d);
         }
         res->eval_ms = now_ms() - t1;
+        lock(e);
         goto close;
     }
     /* a greedy request without mask brings 4 bytes per token to the host, not its logits */
@@ -371,7 +505,7 @@ int cn_engine_generate(cn_engine *e, const cn_request *r, cn_result *res) {
     int32_t picked = -1; /* the last forward's greedy pick (greedy), else -1 */
     while (res->eval_count < r->max_tokens) {
         int32_t t = 0;
-        if (pick(e, r, &smp, picked, &t) || (!r->ignore_eos && is_eos(e, t))) {
+        if (pick(e, L, r, &smp, picked, &t) || (!r->ignore_eos && is_eos(e, t))) {
             res->stop = CN_STOP_EOS;
             break;
         }
@@ -390,28 +524,43 @@ int cn_engine_generate(cn_engine *e, const cn_request *r, cn_result *res) {
         }
         if (res->eval_count == r->max_tokens) break;
         if ((rc = cn_pc_push_key(&sess, (cn_key)t))) break;
-        int at = e->live->offset;
-        if ((rc = forward(e, &sess, all, at, at + 1, 1, at + 1, greedy ? &picked : NULL))) break;
+        int at = L->live->offset;
+        lock(e);
+        rc = forward(e, L, &sess, all, at, at + 1, 1, at + 1, greedy ? &picked : NULL);
+        unlock(e);
+        if (rc) break;
     }
     res->eval_ms = now_ms() - t1;
+    lock(e);
 close:
     {
+        if (decoding) set_decoding(e, 0);
         /* The draft settles on every path: the final token closed its last pair, or a cancelled
          * prefill stopped at a chunk's end where every pair is closed. */
-        int crc = e->spec ? cn_spec_flush(e->spec) : CN_OK;
+        int crc = L->spec ? cn_spec_flush(L->spec) : CN_OK;
         if (!rc) rc = crc;
         /* after a failed forward the recurrent state is undefined: never record it */
-        if (rc && rc != CN_ECANCELED) e->pc.live_stale = 1;
+        if (rc && rc != CN_ECANCELED) e->pc.lanes[lane].live_stale = 1;
         crc = cn_pc_close(&e->pc, &sess);
         if (!rc) rc = crc;
     }
-    cn_log(CN_LOG_INFO, "request: %d tokens, %d matched, %d restored from cache, %d evaluated, %d generated%s",
-           n, res->matched_tokens, res->cached_tokens, res->prompt_eval_count, res->eval_count,
+    res->batched_steps = L->gate_shared;
+    char beside[64] = "";
+    if (res->batched_steps)
+        snprintf(beside, sizeof beside, ", %d steps beside other requests", res->batched_steps);
+    cn_log(CN_LOG_INFO, "request: %d tokens, %d matched, %d restored from cache, %d evaluated, %d generated%s%s",
+           n, res->matched_tokens, res->cached_tokens, res->prompt_eval_count, res->eval_count, beside,
            rc == CN_ECANCELED ? " (canceled)" : "");
 out:
+    unlock(e);
     free(all);
     cn_sampler_free(&smp);
     return rc;
 }
 
-int cn_engine_maintain(cn_engine *e, int max_nodes) { return cn_pc_evict_step(&e->pc, max_nodes); }
+int cn_engine_maintain(cn_engine *e, int max_nodes) {
+    lock(e);
+    int more = cn_pc_evict_step(&e->pc, max_nodes);
+    unlock(e);
+    return more;
+}

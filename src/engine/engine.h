@@ -18,11 +18,22 @@
  * restore point of the spacing; the branch point and the one before the prompt's end are
  * captured inside a forward), so a cancel is honoured within one chunk's time and everything the prefill
  * absorbed stays in the cache for the retry. Every generated token is recorded before it is
- * handed to on_token. One request at a time per engine.
+ * handed to on_token.
+ *
+ * Lanes. An engine opened with `lanes` N runs up to N requests at once, one per lane, each from
+ * its own thread (cn_engine_generate_on): every lane has its own live state (and drafter) and all
+ * share the one prefix cache, so a request begins from whatever any lane recorded. The model and
+ * the cache are used by one thread at a time (the engine's lock, held for forwards and cache
+ * work, never across a callback). A prefill chunk runs alone; the lanes that are decoding take
+ * their next token in one forward of all of them (cn_model_forward_seqs), each waiting for the
+ * others to be ready, so a prompt in one lane holds the others' decode back by one chunk at most.
+ * A lane speculates only while no other lane decodes. On the CPU a request's tokens do not depend
+ * on what runs beside it (model.h, cn_model_forward_seqs).
  */
 #ifndef CN_ENGINE_H
 #define CN_ENGINE_H
 
+#include <pthread.h>
 #include <stdint.h>
 
 #include "base/error.h"
@@ -41,18 +52,38 @@ typedef struct cn_engine_opts {
     int spec_depth;        /* most drafts per speculative round (0: 4; at most CN_SPEC_MAX_DEPTH) */
     int spec_fixed;        /* 1: always spec_depth drafts (tests, benchmarks); 0: the controller */
     int no_speculate;      /* 1: every request decodes plainly (the draft cache is still kept) */
+    int lanes;             /* requests that may run at once (0: 1), each in a lane of its own */
 } cn_engine_opts;
+
+/* One lane: the live state a request runs in, with its drafter and scratch; the decode gate's
+ * slot (engine.c) while it waits for a batched step. */
+typedef struct cn_engine_lane {
+    cn_state *live;        /* owned */
+    cn_spec *spec;         /* owned; NULL without a usable MTP head */
+    float *logits;         /* [vocab] scratch */
+    float *hidden;         /* [chunk][H] target hiddens of one forward, for the drafter */
+    cn_pc_session *sess;   /* the running request's, while it waits at the gate */
+    int32_t gate_tok, gate_pick;
+    int gate_want, gate_done, gate_rc, gate_logits, gate_greedy;
+    int gate_shared;       /* the running request's steps taken beside other lanes' */
+} cn_engine_lane;
 
 typedef struct cn_engine {
     cn_model *m;          /* not owned */
     cn_engine_opts o;
-    cn_state *live;       /* the live caches */
-    cn_prefix_cache pc;
-    float *logits;        /* [vocab] scratch */
+    cn_prefix_cache pc;   /* one lane per engine lane, same index */
     int32_t *eos;         /* [n_eos] stop ids from the model's generation config */
     int n_eos;
+    cn_engine_lane *lanes; /* [o.lanes] */
+    /* lane 0's, the only ones of a one-lane engine: */
+    cn_state *live;       /* the live caches */
     cn_spec *spec;        /* the drafter and depth controller; NULL without a usable MTP head */
-    float *hidden;        /* [chunk][H] target hiddens of one forward, for the drafter */
+    pthread_mutex_t mu;   /* the model, the cache and the gate */
+    pthread_cond_t gate_cv;
+    int n_decoding;       /* lanes whose request is decoding */
+    int n_ready;          /* of the lanes at the gate, waiting for the next batched step */
+    uint64_t gate_steps;  /* counters for tests and logs: forwards of several lanes at once */
+    uint64_t gate_tokens; /* and the tokens they took */
 } cn_engine;
 
 /* Polled between forwards; nonzero cancels the request. */
@@ -121,6 +152,7 @@ typedef struct cn_result {
     int draft_proposed, draft_accepted;
     int spec_rounds;       /* target forwards that verified drafts */
     int plain_steps;       /* target forwards of one generated token */
+    int batched_steps;     /* decode steps taken in one forward with other requests' (lanes) */
     int pos_proposed[CN_SPEC_MAX_DEPTH], pos_accepted[CN_SPEC_MAX_DEPTH]; /* per draft position */
 } cn_result;
 
@@ -134,8 +166,11 @@ void cn_engine_close(cn_engine *e);
 
 /* Runs one request. Returns 0 (res->stop says why it ended), CN_ECANCELED (res filled, cache
  * kept), CN_ECONTEXT (prompt + max_tokens past the context), CN_EINVAL (bad ids or sampling
- * parameters), or a backend error; in every case the cache was closed properly. */
+ * parameters), or a backend error; in every case the cache was closed properly. Lane 0. */
 int cn_engine_generate(cn_engine *e, const cn_request *r, cn_result *res);
+/* The same in lane `lane` (0 <= lane < o.lanes, else CN_EINVAL), one request at a time per lane;
+ * requests in different lanes run at once, each from its own thread. */
+int cn_engine_generate_on(cn_engine *e, int lane, const cn_request *r, cn_result *res);
 
 /* Between requests (the server when its queue is empty): at most max_nodes of the eviction work
  * earlier closes left (cn_pc_evict_step). Returns 1 while work remains. */

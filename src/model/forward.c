@@ -908,7 +908,7 @@ int cn_model_forward_seqs(cn_model *m, cn_seq_batch *sb, int n_seqs) {
     }
     if (n_seqs == 1) { /* the one-sequence forward, its decode steps recorded and replayed */
         cn_batch bt = {.tokens = sb[0].tokens, .n = sb[0].n, .logits = sb[0].logits,
-                       .argmax = sb[0].argmax};
+                       .argmax = sb[0].argmax, .hidden = sb[0].hidden};
         return cn_model_forward(m, sb[0].state, &bt);
     }
     if (m->n_swa) return CN_EUNSUPPORTED; /* a ring per sequence: not written yet */
@@ -930,7 +930,7 @@ int cn_model_forward_seqs(cn_model *m, cn_seq_batch *sb, int n_seqs) {
     if (!rc) rc = run_layers(m, m->w.layers, sq, n_seqs, T, &seg, 1, NULL, NULL, 0);
     int k = 0; /* rows gathered for the head */
     for (int i = 0; !rc && i < n_seqs; i++) {
-        if (!sb[i].logits && !sb[i].argmax) continue;
+        if (!sb[i].logits && !sb[i].argmax && !sb[i].hidden) continue;
         cn_tensor src = cn_tensor_rows(&s->x, sq[i].r0 + sq[i].n - 1, 1);
         cn_tensor dst = cn_tensor_rows(&s->tmp, k++, 1);
         rc = cn_backend_copy(b, &dst, &src);
@@ -950,8 +950,9 @@ int cn_model_forward_seqs(cn_model *m, cn_seq_batch *sb, int n_seqs) {
         int32_t picks[16];
         if (queued) CHECK(cn_backend_download(b, picks, &pk));
         for (int j = 0; j < r; i++) {
-            if (!sb[i].logits && !sb[i].argmax) continue;
-            cn_tensor row = cn_tensor_rows(&lg, j, 1);
+            if (!sb[i].logits && !sb[i].argmax && !sb[i].hidden) continue;
+            cn_tensor row = cn_tensor_rows(&lg, j, 1), hrow = cn_tensor_rows(&xn, j, 1);
+            if (sb[i].hidden) CHECK(cn_backend_download(b, sb[i].hidden, &hrow));
             float *host = sb[i].logits ? sb[i].logits : s->host_logits;
             if (sb[i].logits || (sb[i].argmax && !queued)) CHECK(cn_backend_download(b, host, &row));
             if (sb[i].argmax) *sb[i].argmax = queued ? picks[j] : host_argmax(host, V);

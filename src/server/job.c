@@ -206,7 +206,7 @@ static void cb_accept(void *ctx, int32_t token) {
     if (cn_constraint_accept(ctx, token)) cn_log(CN_LOG_WARN, "constraint: token %d was not allowed", token);
 }
 
-int cn_job_run(cn_job *j, cn_engine *e, cn_cancel_fn cancel, void *cancel_ctx) {
+int cn_job_run(cn_job *j, cn_engine *e, int lane, cn_cancel_fn cancel, void *cancel_ctx) {
     const cn_api_ops *ops = cn_api_ops_for(j->api);
     run_ctx rc_ = {j, cancel, cancel_ctx};
     cn_err perr;
@@ -238,7 +238,7 @@ int cn_job_run(cn_job *j, cn_engine *e, cn_cancel_fn cancel, void *cancel_ctx) {
     };
     cn_logit_mask mask = {cb_mask, cb_accept, j->constraint};
     if (j->constraint && !j->canned) rq.mask = &mask;
-    rc = cn_engine_generate(e, &rq, &j->res);
+    rc = cn_engine_generate_on(e, lane, &rq, &j->res);
     if (rc == CN_ECANCELED && cn_job_gone_at(j) > 0) { /* nobody to tell */
         cn_job_set_state(j, CN_JOB_CANCELED);
         cn_chan_close(&j->chan);

@@ -145,10 +145,10 @@ void cn_job_abandon(cn_job *j);
 /* Monotonic ms the client left, or 0. */
 double cn_job_gone_at(cn_job *j);
 
-/* Runs the job on e (worker thread only). cancel/ctx are the worker's policy, polled between
- * forwards. Writes every frame, closes the channel and sets the final state; returns the
- * engine's code. */
-int cn_job_run(cn_job *j, cn_engine *e, cn_cancel_fn cancel, void *cancel_ctx);
+/* Runs the job on e in lane `lane` (that lane's worker thread only). cancel/ctx are the worker's
+ * policy, polled between forwards. Writes every frame, closes the channel and sets the final
+ * state; returns the engine's code. */
+int cn_job_run(cn_job *j, cn_engine *e, int lane, cn_cancel_fn cancel, void *cancel_ctx);
 
 /* Accumulated text and calls, for the API's final frame. */
 const char *cn_job_content(const cn_job *j);

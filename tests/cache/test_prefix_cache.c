@@ -328,7 +328,7 @@ static void test_branches_alternate(void **st) {
 /* 1 for a node eviction could take: off the active path, at most one child, holding bytes. */
 static int evictable(cn_node *n, void *ctx) {
     env *v = ctx;
-    for (cn_node *x = v->e->pc.frontier; x; x = x->parent)
+    for (cn_node *x = v->e->pc.lanes[0].frontier; x; x = x->parent)
         if (x == n) return 0;
     return n->n_child <= 1;
 }
