@@ -69,10 +69,10 @@ int cn_engine_open(cn_engine **out, cn_model *m, const cn_engine_opts *o, cn_err
         free(e);
         return cn_err_set(err, CN_ENOMEM, "cannot create the engine's lock");
     }
-    if (pthread_cond_init(&e->gate_cv, NULL)) {
+    if (pthread_cond_init(&e->gate_cv, NULL) || pthread_cond_init(&e->join_cv, NULL)) {
         pthread_mutex_destroy(&e->mu);
         free(e);
-        return cn_err_set(err, CN_ENOMEM, "cannot create the engine's condition");
+        return cn_err_set(err, CN_ENOMEM, "cannot create the engine's conditions");
     }
     e->lanes = calloc((size_t)e->o.lanes, sizeof *e->lanes);
     e->eos = malloc((size_t)(c->n_eos ? c->n_eos : 1) * sizeof *e->eos);
@@ -111,6 +111,7 @@ void cn_engine_close(cn_engine *e) {
     free(e->lanes);
     free(e->eos);
     pthread_cond_destroy(&e->gate_cv);
+    pthread_cond_destroy(&e->join_cv);
     pthread_mutex_destroy(&e->mu);
     free(e);
 }
@@ -376,6 +377,47 @@ static int decode_spec(dec *d) {
     return d->rc;
 }
 
+/* The in-flight join (engine.h), before lane `lane` begins over keys[0, nk) (caller holds the
+ * lock; it is given up while waiting). Returns 0 or CN_ECANCELED (the request's cancel callback
+ * fired while it waited). */
+static int join_wait(cn_engine *e, int lane, const cn_request *r, const cn_key *keys, int nk) {
+    int matched = 0;
+    cn_trie_match(&e->pc.trie, keys, nk, &matched);
+    cn_engine_lane *A = NULL;
+    int shared = 0;
+    for (int k = 0; k < e->o.lanes; k++) {
+        cn_engine_lane *B = &e->lanes[k];
+        if (k == lane || !B->run || !B->prefilling) continue;
+        const cn_pc_session *s = B->run;
+        int d = 0, lim = nk < s->n_prompt ? nk : s->n_prompt;
+        while (d < lim && keys[d] == s->keys[d]) d++;
+        if (d > shared) shared = d, A = B;
+    }
+    if (!A || shared < matched + CN_JOIN_MIN || A->live->offset >= shared) return CN_OK;
+    /* where the two part: a restore point in the running prefill (it dedups), one that resists
+     * merging, as the next restore point of that prefill would merge it away before this one
+     * wakes */
+    if (shared <= A->run->restored || cn_pc_schedule(A->run, shared, 1)) return CN_OK;
+    const uint64_t id = A->run_id;
+    /* until it is in the trie, or that request passed it anyway (a capture it could not keep),
+     * stopped absorbing or ended */
+    while (matched < shared && A->run_id == id && A->run && A->prefilling && A->live->offset < shared) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&e->join_cv, &e->mu, &ts);
+        if (r->cancel) {
+            unlock(e);
+            int stop = r->cancel(r->ctx);
+            lock(e);
+            if (stop) return CN_ECANCELED;
+        }
+        cn_trie_match(&e->pc.trie, keys, nk, &matched);
+    }
+    return CN_OK;
+}
+
 int cn_engine_generate(cn_engine *e, const cn_request *r, cn_result *res) {
     return cn_engine_generate_on(e, 0, r, res);
 }
@@ -425,9 +467,14 @@ int cn_engine_generate_on(cn_engine *e, int lane, const cn_request *r, cn_result
     int decoding = 0; /* counted in e->n_decoding */
     L->gate_shared = 0;
     lock(e);
-    rc = cn_pc_begin_on(&e->pc, lane, &sess, keys, nk);
+    rc = e->o.lanes > 1 ? join_wait(e, lane, r, keys, nk) : CN_OK;
+    if (!rc) rc = cn_pc_begin_on(&e->pc, lane, &sess, keys, nk);
     free(keys);
+    if (rc == CN_ECANCELED) res->stop = CN_STOP_CANCELED;
     if (rc) goto out;
+    L->run = &sess;
+    L->run_id++;
+    L->prefilling = 1;
     res->prompt_tokens = n;
     res->matched_tokens = sess.matched;
     res->cached_tokens = sess.restored;
@@ -465,6 +512,7 @@ int cn_engine_generate_on(cn_engine *e, int lane, const cn_request *r, cn_result
         /* the restore points passed join the trie now (with a disk tier, their files are queued):
          * a process killed later in this prompt resumes from the last one on disk */
         if ((rc = cn_pc_commit(&e->pc, &sess))) goto close;
+        if (e->o.lanes > 1) pthread_cond_broadcast(&e->join_cv); /* a joining lane may begin */
         res->prompt_eval_count += end - pos;
         pos = end;
         if (pos < n) cn_pc_evict_step(&e->pc, 1); /* what closes left over budget, a node at a time */
@@ -488,6 +536,7 @@ int cn_engine_generate_on(cn_engine *e, int lane, const cn_request *r, cn_result
      * held for the forwards only. */
     double t1 = now_ms();
     res->stop = CN_STOP_LENGTH;
+    L->prefilling = 0;
     set_decoding(e, 1);
     decoding = 1;
     unlock(e);
@@ -543,6 +592,9 @@ close:
         if (rc && rc != CN_ECANCELED) e->pc.lanes[lane].live_stale = 1;
         crc = cn_pc_close(&e->pc, &sess);
         if (!rc) rc = crc;
+        L->run = NULL;
+        L->prefilling = 0;
+        if (e->o.lanes > 1) pthread_cond_broadcast(&e->join_cv);
     }
     res->batched_steps = L->gate_shared;
     char beside[64] = "";

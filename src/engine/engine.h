@@ -29,7 +29,14 @@
  * others to be ready, so a prompt in one lane holds the others' decode back by one chunk at most.
  * A lane speculates only while no other lane decodes. On the CPU a request's tokens do not depend
  * on what runs beside it (model.h, cn_model_forward_seqs).
+ *
+ * The in-flight join: a request whose prompt shares with another lane's running prefill more than
+ * the trie holds (CN_JOIN_MIN keys past its match, or more) has that prefill capture a restore
+ * point where the two prompts part, waits until it is in the trie (or that request ends), and
+ * begins from there: two requests that arrive together with one long shared prefix evaluate it
+ * once. Its cancel callback is polled while it waits.
  */
+#define CN_JOIN_MIN 64
 #ifndef CN_ENGINE_H
 #define CN_ENGINE_H
 
@@ -66,6 +73,9 @@ typedef struct cn_engine_lane {
     int32_t gate_tok, gate_pick;
     int gate_want, gate_done, gate_rc, gate_logits, gate_greedy;
     int gate_shared;       /* the running request's steps taken beside other lanes' */
+    cn_pc_session *run;    /* the running request's session from begin to close, else NULL */
+    uint64_t run_id;       /* counts the requests begun in this lane */
+    int prefilling;        /* it is absorbing its prompt */
 } cn_engine_lane;
 
 typedef struct cn_engine {
@@ -80,6 +90,7 @@ typedef struct cn_engine {
     cn_spec *spec;        /* the drafter and depth controller; NULL without a usable MTP head */
     pthread_mutex_t mu;   /* the model, the cache and the gate */
     pthread_cond_t gate_cv;
+    pthread_cond_t join_cv; /* a lane committed restore points or closed (the in-flight join) */
     int n_decoding;       /* lanes whose request is decoding */
     int n_ready;          /* of the lanes at the gate, waiting for the next batched step */
     uint64_t gate_steps;  /* counters for tests and logs: forwards of several lanes at once */

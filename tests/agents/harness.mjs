@@ -9,7 +9,7 @@
 // clients to run (default DEFAULT_CLIENTS); CAIRN_AGENTS_FULL=1 runs the clients' stock system
 // prompts and tools instead of the lean configuration (about 15-30k tokens per request: slow on a
 // CPU).
-import { spawn } from 'node:child_process';
+import { execFileSync, spawn } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync } from 'node:fs';
 import path from 'node:path';
 import assert from 'node:assert/strict';
@@ -50,13 +50,17 @@ export function clientBin(exe) {
   return path.join(NODE_BIN, exe);
 }
 
-// A fresh HOME for one client with an empty working directory in it: { home, cwd }.
+// A fresh HOME for one client with an empty working directory in it: { home, cwd }. The
+// directory is a git repository of its own with no commits: the clients put a snapshot of the
+// repository they run in into their prompts (branch, status, recent commits), and without one
+// they would describe the cairn checkout the tests run from, which changes as it is edited.
 export function isolatedHome(client) {
   const root = path.join(TMP, 'agents');
   mkdirSync(root, { recursive: true });
   const home = mkdtempSync(path.join(root, `${client}-`));
   const cwd = path.join(home, 'work');
   mkdirSync(cwd);
+  execFileSync('git', ['init', '-q', '-b', 'main', cwd], { stdio: 'ignore' });
   return { home, cwd };
 }
 

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <cmocka.h>
 
@@ -176,6 +177,92 @@ static void test_lanes_mix(void **st) { (void)st; check_lanes("nh-mix-f32"); }
 /* with an MTP head: every lane has its drafter and keeps its draft cache level */
 static void test_lanes_mtp(void **st) { (void)st; check_lanes("nh-mtp-bf16"); }
 
+/* The in-flight join: lane 1's prompt shares 150 tokens with the prompt lane 0 is absorbing
+ * (paced at 20 ms a chunk); it waits for lane 0 to pass the point where they part and restores
+ * there, evaluating only its own 50; its answer is the one it gets alone. */
+typedef struct pace {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int started;
+} pace;
+
+static int slow_cancel(void *ctx) {
+    (void)ctx;
+    struct timespec ts = {0, 20 * 1000000L};
+    nanosleep(&ts, NULL);
+    return 0;
+}
+
+static void started(void *ctx, int done, int total) {
+    (void)done;
+    (void)total;
+    pace *p = ctx;
+    pthread_mutex_lock(&p->mu);
+    p->started = 1;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+typedef struct slow_job {
+    env *v;
+    const int32_t *prompt;
+    int n;
+    pace *p;
+    cn_result res;
+    int rc;
+} slow_job;
+
+static void *slow_thread(void *arg) {
+    slow_job *j = arg;
+    cn_request r = {.tokens = j->prompt, .n_tokens = j->n, .max_tokens = 2, .cancel = slow_cancel,
+                    .on_progress = started, .ctx = j->p};
+    cn_sampler_params_default(&r.sampling);
+    r.sampling.temperature = 0;
+    j->rc = cn_engine_generate_on(j->v->e, 0, &r, &j->res);
+    return NULL;
+}
+
+static void check_join(const char *name) {
+    env one, many;
+    env_open(&one, name, 1);
+    env_open(&many, name, 2);
+    const int V = one.V;
+    uint64_t rng = 0x13198a2e03707344ull;
+    int32_t a[200], b[200];
+    for (int i = 0; i < 200; i++) a[i] = b[i] = tu_rnd_token(&rng, V);
+    for (int i = 150; i < 200; i++) b[i] = tu_rnd_token(&rng, V);
+    job alone = {.v = &one, .lane = 0, .prompt = b, .n = 200};
+    alone.logits = malloc((size_t)V * sizeof(float));
+    job_run(&alone);
+    assert_int_equal(alone.rc, 0);
+    pace p = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER, 0};
+    slow_job sj = {.v = &many, .prompt = a, .n = 200, .p = &p};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, slow_thread, &sj), 0);
+    pthread_mutex_lock(&p.mu);
+    while (!p.started) pthread_cond_wait(&p.cv, &p.mu);
+    pthread_mutex_unlock(&p.mu);
+    job joined = {.v = &many, .lane = 1, .prompt = b, .n = 200};
+    joined.logits = malloc((size_t)V * sizeof(float));
+    job_run(&joined);
+    pthread_join(th, NULL);
+    assert_int_equal(sj.rc, 0);
+    free(sj.res.tokens);
+    assert_int_equal(joined.rc, 0);
+    const int part = 150 - many.e->pc.lookahead; /* pair keys: key 149 names tokens 149 and 150 */
+    assert_int_equal(joined.cached, part);
+    assert_memory_equal(joined.out, alone.out, sizeof alone.out);
+    assert_true(tu_rel_err(joined.logits, alone.logits, (size_t)V) < TOL);
+    assert_true(cn_pc_check(&many.e->pc));
+    free(alone.logits);
+    free(joined.logits);
+    env_close(&one);
+    env_close(&many);
+}
+
+static void test_join_mix(void **st) { (void)st; check_join("nh-mix-f32"); }
+static void test_join_mtp(void **st) { (void)st; check_join("nh-mtp-bf16"); }
+
 static void test_lane_bounds(void **st) {
     (void)st;
     env v;
@@ -206,6 +293,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lanes_mix),
         cmocka_unit_test(test_lanes_mtp),
+        cmocka_unit_test(test_join_mix),
+        cmocka_unit_test(test_join_mtp),
         cmocka_unit_test(test_lane_bounds),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
