@@ -830,7 +830,7 @@ int cn_bench_model(int argc, char **argv) {
     int rc = cn_flags_parse(flags, argc, argv, kSynopsis);
     if (rc) {
         if (rc == 1)
-            fputs("\nother benchmarks: cairn bench tokenizer | cache [options]\n", stdout);
+            fputs("\nother benchmarks: cairn bench tokenizer | cache | serve | constraint | speculate [options]\n", stdout);
         return rc > 0 ? 0 : 2;
     }
     const char *bad = NULL;
@@ -854,7 +854,7 @@ int cn_bench_model(int argc, char **argv) {
     if (bad) {
         fprintf(stderr, "cairn: %s\n", bad);
         cn_flags_usage(flags, kSynopsis, stderr);
-        fputs("\nother benchmarks: cairn bench tokenizer | cache [options]\n", stderr);
+        fputs("\nother benchmarks: cairn bench tokenizer | cache | serve | constraint | speculate [options]\n", stderr);
         return 2;
     }
     if (prompt_short < 0) prompt_short = prompt < 512 ? prompt : 512;

@@ -28,6 +28,7 @@ int cn_cmd_bench(int argc, char **argv);      /* cmd_bench.c */
 int cn_bench_speculate(int argc, char **argv); /* cmd_bench_spec.c: `bench --speculate` */
 int cn_cmd_cache(int argc, char **argv);      /* cmd_cache.c */
 int cn_bench_cache(int argc, char **argv);    /* bench_cache.c: `cairn bench cache` (argv[0] "cache") */
+int cn_bench_serve(int argc, char **argv);    /* bench_serve.c: `cairn bench serve` (argv[0] "serve") */
 int cn_bench_constraint(int argc, char **argv); /* bench_constraint.c: `cairn bench constraint` */
 int cn_bench_model(int argc, char **argv);    /* bench_model.c: `cairn bench [flags]` (argv[0] "bench") */
 int cn_cmd_quantize(int argc, char **argv);   /* cmd_quantize.c */

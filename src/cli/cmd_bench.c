@@ -3,6 +3,7 @@
  * bench [flags] (no subcommand): the model bench, bench_model.c.
  * bench cache: the prefix cache's agent patterns, bench_cache.c.
  * bench constraint: constrained decoding's mask per token, bench_constraint.c.
+ * bench serve: many streams at once through one engine's lanes, bench_serve.c.
  * bench tokenizer: encodes a large real text with one tokenizer, one call per repetition, and
  * prints the best MB/s and tokens/s. The default text is the tokenizer corpus of the tests
  * followed by the tokenizer's own tokenizer.json (several MB of real JSON, in every script the
@@ -168,7 +169,8 @@ int cn_cmd_bench(int argc, char **argv) {
                                 "  --speculate  MTP self-speculation against plain decoding (also: speculate)\n"
                                 "  tokenizer    encode a large text: MB/s and tokens/s\n"
                                 "  cache        agent patterns against the prefix cache, beside cold runs\n"
-                                "  constraint   structured output's token mask: ms per token\n";
+                                "  constraint   structured output's token mask: ms per token\n"
+                                "  serve        many streams at once through one engine: tok/s, first token, per token\n";
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--speculate")) return cn_bench_speculate(argc, argv);
     /* no subcommand, or flags first: the model bench (which owns --help) */
@@ -177,6 +179,7 @@ int cn_cmd_bench(int argc, char **argv) {
     if (!strcmp(argv[1], "cache")) return cn_bench_cache(argc - 1, argv + 1);
     if (!strcmp(argv[1], "constraint")) return cn_bench_constraint(argc - 1, argv + 1);
     if (!strcmp(argv[1], "speculate")) return cn_bench_speculate(argc - 1, argv + 1);
+    if (!strcmp(argv[1], "serve")) return cn_bench_serve(argc - 1, argv + 1);
     fprintf(stderr, "cairn: unknown benchmark '%s'\n%s", argv[1], usage);
     return 2;
 }

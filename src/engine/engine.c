@@ -2,6 +2,8 @@
 #include "engine/engine.h"
 
 #include <math.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,8 +118,24 @@ void cn_engine_close(cn_engine *e) {
     free(e);
 }
 
-static void lock(cn_engine *e) { pthread_mutex_lock(&e->mu); }
+static void lock(cn_engine *e) {
+    atomic_fetch_add(&e->lock_wanted, 1);
+    pthread_mutex_lock(&e->mu);
+    atomic_fetch_sub(&e->lock_wanted, 1);
+    atomic_fetch_add(&e->lock_epoch, 1);
+}
+
 static void unlock(cn_engine *e) { pthread_mutex_unlock(&e->mu); }
+
+/* After a prefill chunk, with the lock given up: a lane that waits for the lock (its decode
+ * token, its own chunk, its in-flight join) takes it before this one takes it again. A mutex
+ * hands itself to whoever asks first after the unlock, which is most often the thread that just
+ * gave it up, so a long prompt would otherwise run chunk after chunk while the others wait. */
+static void let_others(cn_engine *e) {
+    const unsigned ep = atomic_load(&e->lock_epoch);
+    for (int i = 0; i < 1000 && atomic_load(&e->lock_wanted) > 0 && atomic_load(&e->lock_epoch) == ep; i++)
+        sched_yield();
+}
 
 static int is_eos(const cn_engine *e, int32_t t) {
     for (int i = 0; i < e->n_eos; i++)
@@ -517,6 +535,7 @@ int cn_engine_generate_on(cn_engine *e, int lane, const cn_request *r, cn_result
         pos = end;
         if (pos < n) cn_pc_evict_step(&e->pc, 1); /* what closes left over budget, a node at a time */
         unlock(e);
+        if (e->o.lanes > 1) let_others(e);
         if (r->on_progress) r->on_progress(r->ctx, pos, n);
         int stop = pos < n && r->cancel && r->cancel(r->ctx);
         lock(e);

@@ -91,6 +91,8 @@ typedef struct cn_engine {
     pthread_mutex_t mu;   /* the model, the cache and the gate */
     pthread_cond_t gate_cv;
     pthread_cond_t join_cv; /* a lane committed restore points or closed (the in-flight join) */
+    _Atomic int lock_wanted;       /* threads blocked taking mu (lock() in engine.c) */
+    _Atomic unsigned lock_epoch;   /* times mu was taken through lock() */
     int n_decoding;       /* lanes whose request is decoding */
     int n_ready;          /* of the lanes at the gate, waiting for the next batched step */
     uint64_t gate_steps;  /* counters for tests and logs: forwards of several lanes at once */
