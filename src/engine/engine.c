@@ -342,6 +342,9 @@ static int decode_spec(dec *d) {
     cn_spec *sp = L->spec;
     cn_result *res = d->res;
     int speculate = !d->r->no_speculate && !e->o.no_speculate && !d->r->mask;
+    /* a greedy request without mask takes a plain step's pick on the backend: 4 bytes to the
+     * host, not the logits (beside other lanes, a download of every lane's logits each step) */
+    const int greedy = !d->r->mask && cn_sampler_is_greedy(d->smp);
     int32_t cur = 0;
     int st = pick(e, L, d->r, d->smp, -1, &cur) ? end_here(d, &cur) : take(d, cur);
     if (st == GO) cn_sampler_accept(d->smp, cur);
@@ -355,11 +358,12 @@ static int decode_spec(dec *d) {
         int depth = speculate && e->n_decoding <= 1 ? cn_spec_ctl_pick(&sp->ctl, budget) : 0;
         if (depth == 0) {
             int at = L->live->offset;
-            d->rc = forward(e, L, d->sess, d->all, at, at + 1, 1, at + 1, NULL);
+            int32_t picked = -1;
+            d->rc = forward(e, L, d->sess, d->all, at, at + 1, 1, at + 1, greedy ? &picked : NULL);
             unlock(e);
             if (d->rc) break;
             res->plain_steps++;
-            st = pick(e, L, d->r, d->smp, -1, &cur) ? end_here(d, &cur) : take(d, cur);
+            st = pick(e, L, d->r, d->smp, picked, &cur) ? end_here(d, &cur) : take(d, cur);
             if (st == GO) cn_sampler_accept(d->smp, cur);
             cn_spec_close_pair(sp, cur);
             cn_spec_ctl_plain(&sp->ctl, (t1 = cn_spec_now(sp)) - t0);
