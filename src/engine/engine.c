@@ -190,15 +190,18 @@ static void run_gate(cn_engine *e) {
         in[n++] = L;
     }
     int rc = n ? cn_model_forward_seqs(e->m, sb, n) : CN_OK;
-    if (n > 1) {
+    /* a model the batched forward does not take (sliding windows): each lane alone, in turn */
+    const int apart = rc == CN_EUNSUPPORTED;
+    if (n > 1 && !apart) {
         e->gate_steps++;
         e->gate_tokens += (uint64_t)n;
     }
     for (int i = 0; i < n; i++) {
         cn_engine_lane *L = in[i];
+        int lrc = apart ? cn_model_forward_seqs(e->m, &sb[i], 1) : rc;
         int at = L->live->offset - 1;
-        L->gate_shared += n > 1;
-        L->gate_rc = rc ? rc : absorbed(e, L, L->sess, &L->gate_tok, at, at + 1, at + 1, NULL, 0);
+        L->gate_shared += n > 1 && !apart;
+        L->gate_rc = lrc ? lrc : absorbed(e, L, L->sess, &L->gate_tok, at, at + 1, at + 1, NULL, 0);
         L->gate_want = 0;
         L->gate_done = 1;
     }

@@ -15,6 +15,7 @@
 
 #include "engine/engine.h"
 #include "model/state.h"
+#include "model/synth.h"
 #include "test_util.h"
 
 #define LANES 3
@@ -28,10 +29,8 @@ typedef struct env {
     int V;
 } env;
 
-static void env_open(env *v, const char *name, int lanes) {
+static void env_open_dir(env *v, const char *dir, int lanes) {
     memset(v, 0, sizeof *v);
-    char dir[600];
-    snprintf(dir, sizeof dir, "%s/%s", tu_data_dir(), name);
     v->b = tu_backend(2);
     assert_non_null(v->b);
     cn_err err;
@@ -45,6 +44,12 @@ static void env_open(env *v, const char *name, int lanes) {
     if (rc) fprintf(stderr, "%s\n", err.msg);
     assert_int_equal(rc, 0);
     v->V = cn_model_config(v->m)->vocab_size;
+}
+
+static void env_open(env *v, const char *name, int lanes) {
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/%s", tu_data_dir(), name);
+    env_open_dir(v, dir, lanes);
 }
 
 static void env_close(env *v) {
@@ -117,10 +122,10 @@ static void prompts(int V, int32_t p[LANES][96], int lens[LANES]) {
 /* The same prompts alone on a one-lane engine, then at once on three lanes: the same greedy
  * tokens; a request that follows another on a different lane restores what that one recorded,
  * and its prompt's logits equal the ones it got alone. */
-static void check_lanes(const char *name) {
+static void check_lanes_dir(const char *dir) {
     env one, many;
-    env_open(&one, name, 1);
-    env_open(&many, name, LANES);
+    env_open_dir(&one, dir, 1);
+    env_open_dir(&many, dir, LANES);
     const int V = one.V;
     int32_t p[LANES][96];
     int lens[LANES];
@@ -143,8 +148,10 @@ static void check_lanes(const char *name) {
     g_meet.total = 0;
     /* after the meeting every step took all three: GEN - 1 forwards each (the last token is
      * never forwarded), at most the first of them before the others arrived */
-    assert_true(many.e->gate_steps >= GEN - 2);
-    assert_true(many.e->gate_tokens >= (uint64_t)LANES * (GEN - 2));
+    if (!strchr(cn_model_config(many.m)->layers, 'S')) { /* windows: each lane alone */
+        assert_true(many.e->gate_steps >= GEN - 2);
+        assert_true(many.e->gate_tokens >= (uint64_t)LANES * (GEN - 2));
+    }
     for (int k = 0; k < LANES; k++) {
         assert_int_equal(at_once[k].rc, 0);
         assert_int_equal(at_once[k].n_out, GEN);
@@ -173,7 +180,31 @@ static void check_lanes(const char *name) {
     env_close(&many);
 }
 
+static void check_lanes(const char *name) {
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/%s", tu_data_dir(), name);
+    check_lanes_dir(dir);
+}
+
 static void test_lanes_mix(void **st) { (void)st; check_lanes("nh-mix-f32"); }
+/* sliding-window layers: the batched forward does not take them, the gate runs each lane alone */
+static void test_lanes_window(void **st) {
+    (void)st;
+    char *dir = tu_mkdtemp("lanes-swa");
+    assert_non_null(dir);
+    cn_synth_opts o;
+    cn_synth_opts_init(&o);
+    o.mtp = 0;
+    o.dtype = CN_F32;
+    o.pattern = "MSEM*E";
+    o.sliding_window = 16;
+    cn_err err;
+    cn_err_clear(&err);
+    assert_int_equal(cn_synth_write(dir, &o, &err), 0);
+    check_lanes_dir(dir);
+    tu_rmtree(dir);
+    free(dir);
+}
 /* with an MTP head: every lane has its drafter and keeps its draft cache level */
 static void test_lanes_mtp(void **st) { (void)st; check_lanes("nh-mtp-bf16"); }
 
@@ -292,6 +323,7 @@ static void test_lane_bounds(void **st) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_lanes_mix),
+        cmocka_unit_test(test_lanes_window),
         cmocka_unit_test(test_lanes_mtp),
         cmocka_unit_test(test_join_mix),
         cmocka_unit_test(test_join_mtp),
