@@ -1,6 +1,7 @@
 /* engine.c - request life cycle over the model and the prefix cache; see engine.h. */
 #include "engine/engine.h"
 
+#include <errno.h>
 #include <math.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -159,87 +160,12 @@ static int absorbed(cn_engine *e, cn_engine_lane *L, cn_pc_session *sess, const 
     return rc;
 }
 
-/* The decode gate (caller holds the lock): every lane waiting here takes its next token in one
- * forward; a lane whose step crosses a capture (none is scheduled past a prompt today, but the
- * cache may ask) runs alone first. Wakes them all. */
-static void run_gate(cn_engine *e) {
-    cn_seq_batch sb[64];
-    cn_engine_lane *in[64];
-    int n = 0;
-    for (int k = 0; k < e->o.lanes; k++) {
-        cn_engine_lane *L = &e->lanes[k];
-        if (!L->gate_want) continue;
-        int at = L->live->offset, cap_at[1];
-        if (n == 64 || cn_pc_captures_in(L->sess, at, at + 1, cap_at, 1) > 0) {
-            cn_rsnap caps[1];
-            cn_batch bt = {.tokens = &L->gate_tok, .n = 1, .logits = L->gate_logits ? L->logits : NULL,
-                           .argmax = L->gate_greedy ? &L->gate_pick : NULL, .capture_at = cap_at,
-                           .n_capture = cn_pc_captures_in(L->sess, at, at + 1, cap_at, 1), .captures = caps,
-                           .hidden = L->spec ? L->hidden : NULL, .all_hidden = L->spec != NULL};
-            L->gate_rc = cn_model_forward(e->m, L->live, &bt);
-            if (!L->gate_rc)
-                L->gate_rc = absorbed(e, L, L->sess, &L->gate_tok, at, at + 1, at + 1, caps, bt.n_capture);
-            L->gate_want = 0;
-            L->gate_done = 1;
-            continue;
-        }
-        sb[n] = (cn_seq_batch){.state = L->live, .tokens = &L->gate_tok, .n = 1,
-                               .logits = L->gate_logits ? L->logits : NULL,
-                               .argmax = L->gate_greedy ? &L->gate_pick : NULL,
-                               .hidden = L->spec ? L->hidden : NULL};
-        in[n++] = L;
-    }
-    int rc = n ? cn_model_forward_seqs(e->m, sb, n) : CN_OK;
-    /* a model the batched forward does not take (sliding windows): each lane alone, in turn */
-    const int apart = rc == CN_EUNSUPPORTED;
-    if (n > 1 && !apart) {
-        e->gate_steps++;
-        e->gate_tokens += (uint64_t)n;
-    }
-    for (int i = 0; i < n; i++) {
-        cn_engine_lane *L = in[i];
-        int lrc = apart ? cn_model_forward_seqs(e->m, &sb[i], 1) : rc;
-        int at = L->live->offset - 1;
-        L->gate_shared += n > 1 && !apart;
-        L->gate_rc = lrc ? lrc : absorbed(e, L, L->sess, &L->gate_tok, at, at + 1, at + 1, NULL, 0);
-        L->gate_want = 0;
-        L->gate_done = 1;
-    }
-    e->n_ready = 0;
-    pthread_cond_broadcast(&e->gate_cv);
-}
+#define GATE_WAIT_MS 5 /* the longest a step waits for a running lane that is not at the gate */
 
-/* Lane L's one-token step through the gate (caller holds the lock): it runs when every decoding
- * lane is there, and the lock is given up while waiting. */
-static int gate_step(cn_engine *e, cn_engine_lane *L, cn_pc_session *sess, int32_t tok, int want_logits,
-                     int32_t *greedy) {
-    L->sess = sess;
-    L->gate_tok = tok;
-    L->gate_logits = want_logits && !greedy;
-    L->gate_greedy = greedy != NULL;
-    L->gate_done = 0;
-    L->gate_want = 1;
-    if (++e->n_ready >= e->n_decoding) run_gate(e);
-    while (!L->gate_done) pthread_cond_wait(&e->gate_cv, &e->mu);
-    if (greedy) *greedy = L->gate_pick;
-    return L->gate_rc;
-}
-
-/* A request of lane L starts or stops decoding (caller holds the lock): the gate waits for the
- * decoding lanes only, so one that stops may complete the step the others wait for. */
-static void set_decoding(cn_engine *e, int on) {
-    e->n_decoding += on ? 1 : -1;
-    if (!on && e->n_ready > 0 && e->n_ready >= e->n_decoding) run_gate(e);
-}
-
-/* Forwards tokens [from, to) of lane L (tokens[0..known) are known), capturing at scheduled
- * offsets (caller holds the lock). With `greedy` the last position's greedy pick lands there
- * (taken on the backend) instead of its logits in L->logits. With several lanes a one-token
- * step goes through the gate. */
-static int forward(cn_engine *e, cn_engine_lane *L, cn_pc_session *sess, const int32_t *tokens, int from,
-                   int to, int want_logits, int known, int32_t *greedy) {
-    if (e->o.lanes > 1 && to - from == 1 && known == to)
-        return gate_step(e, L, sess, tokens[from], want_logits, greedy);
+/* Lane L's forward over [from, to) alone, capturing where its session asks (caller holds the
+ * lock): one ordinary cn_model_forward. */
+static int forward_alone(cn_engine *e, cn_engine_lane *L, cn_pc_session *sess, const int32_t *tokens,
+                         int from, int to, int want_logits, int known, int32_t *greedy) {
     int at[64];
     cn_rsnap caps[64];
     int nc = cn_pc_captures_in(sess, from, to, at, 64);
@@ -252,6 +178,100 @@ static int forward(cn_engine *e, cn_engine_lane *L, cn_pc_session *sess, const i
     }
     int rc = cn_model_forward(e->m, L->live, &bt);
     return rc ? rc : absorbed(e, L, sess, tokens, from, to, known, caps, nc);
+}
+
+/* The step gate (caller holds the lock): every lane waiting here (a decode token, or a prefill
+ * chunk) goes into one forward of all of them, as many forwards as the model's piece needs
+ * rows. A chunk whose session asks for a restore point inside it runs alone first (captures
+ * are the ordinary forward's); one asked for at its end is the state the forward leaves, taken
+ * after it. Wakes them all. */
+static void run_gate(cn_engine *e) {
+    cn_seq_batch sb[64];
+    cn_engine_lane *in[64];
+    int end_cap[64];
+    const int U = cn_model_ubatch(e->m);
+    int n = 0, rows = 0;
+    for (int k = 0; k < e->o.lanes; k++) {
+        cn_engine_lane *L = &e->lanes[k];
+        if (!L->gate_want) continue;
+        const int from = L->gate_from, to = L->gate_to, len = to - from;
+        int at[64];
+        int nc = cn_pc_captures_in(L->sess, from, to, at, 64);
+        if (n == 64 || (nc > 0 && at[0] < to) || len > U - rows) {
+            L->gate_rc = forward_alone(e, L, L->sess, L->gate_tokens, from, to, L->gate_logits || L->gate_greedy,
+                                       L->gate_known, L->gate_greedy ? &L->gate_pick : NULL);
+            L->gate_want = 0;
+            L->gate_done = 1;
+            continue;
+        }
+        end_cap[n] = nc > 0;
+        sb[n] = (cn_seq_batch){.state = L->live, .tokens = L->gate_tokens + from, .n = len,
+                               .logits = L->gate_logits ? L->logits : NULL,
+                               .argmax = L->gate_greedy ? &L->gate_pick : NULL,
+                               .hidden = L->spec ? L->hidden : NULL, .all_hidden = L->spec != NULL};
+        in[n++] = L;
+        rows += len;
+    }
+    int rc = n ? cn_model_forward_seqs(e->m, sb, n) : CN_OK;
+    /* a model the batched forward does not take (sliding windows): each lane alone, in turn */
+    const int apart = rc == CN_EUNSUPPORTED;
+    if (n > 1 && !apart) {
+        e->gate_steps++;
+        e->gate_tokens += (uint64_t)rows;
+    }
+    for (int i = 0; i < n; i++) {
+        cn_engine_lane *L = in[i];
+        int lrc = apart ? cn_model_forward_seqs(e->m, &sb[i], 1) : rc;
+        cn_rsnap cap;
+        if (!lrc && end_cap[i]) lrc = cn_state_snapshot(L->live, &cap);
+        if (!lrc)
+            lrc = absorbed(e, L, L->sess, L->gate_tokens, L->gate_from, L->gate_to, L->gate_known,
+                           end_cap[i] ? &cap : NULL, end_cap[i]);
+        L->gate_shared += n > 1 && !apart;
+        L->gate_rc = lrc;
+        L->gate_want = 0;
+        L->gate_done = 1;
+    }
+    e->n_ready = 0;
+    pthread_cond_broadcast(&e->gate_cv);
+}
+
+/* A request of lane L starts or stops running (caller holds the lock): the gate waits for the
+ * running lanes only, so one that stops may complete the step the others wait for. */
+static void set_active(cn_engine *e, int on) {
+    e->n_active += on ? 1 : -1;
+    if (!on && e->n_ready > 0 && e->n_ready >= e->n_active) run_gate(e);
+}
+
+/* Forwards tokens [from, to) of lane L (tokens[0..known) are known), capturing at scheduled
+ * offsets (caller holds the lock). With `greedy` the last position's greedy pick lands there
+ * (taken on the backend) instead of its logits in L->logits. With several lanes it goes through
+ * the gate: it runs in one forward with every other running lane's next step, the lock given up
+ * while it waits for them. */
+static int forward(cn_engine *e, cn_engine_lane *L, cn_pc_session *sess, const int32_t *tokens, int from,
+                   int to, int want_logits, int known, int32_t *greedy) {
+    if (e->o.lanes == 1) return forward_alone(e, L, sess, tokens, from, to, want_logits, known, greedy);
+    L->sess = sess;
+    L->gate_tokens = tokens;
+    L->gate_from = from;
+    L->gate_to = to;
+    L->gate_known = known;
+    L->gate_logits = want_logits && !greedy;
+    L->gate_greedy = greedy != NULL;
+    L->gate_done = 0;
+    L->gate_want = 1;
+    if (++e->n_ready >= e->n_active) run_gate(e);
+    while (!L->gate_done) {
+        /* a lane away in its callbacks for longer than GATE_WAIT_MS joins the step after: the
+         * others never wait on what a callback does (it might wait on them) */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += GATE_WAIT_MS * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        if (pthread_cond_timedwait(&e->gate_cv, &e->mu, &ts) == ETIMEDOUT && !L->gate_done) run_gate(e);
+    }
+    if (greedy) *greedy = L->gate_pick;
+    return L->gate_rc;
 }
 
 /* Samples the next token from L->logits under the request's mask (which may rewrite the row), or
@@ -338,7 +358,7 @@ static int end_here(dec *d, int32_t *t) {
 /* DECODE with a drafter: plain steps or speculative rounds, as the controller (or the request)
  * decides; every step keeps the draft cache level with the target. Called without the lock: it
  * is taken for the forwards, never across a callback (take). A lane speculates only while no
- * other lane decodes: the others would wait for its rounds at the gate. */
+ * other lane runs: the others would wait for its rounds at the gate. */
 static int decode_spec(dec *d) {
     cn_engine *e = d->e;
     cn_engine_lane *L = d->L;
@@ -358,7 +378,7 @@ static int decode_spec(dec *d) {
     while (st == GO) {
         int budget = d->r->max_tokens - res->eval_count - 1; /* drafts that leave room for one more */
         lock(e);
-        int depth = speculate && e->n_decoding <= 1 ? cn_spec_ctl_pick(&sp->ctl, budget) : 0;
+        int depth = speculate && e->n_active <= 1 ? cn_spec_ctl_pick(&sp->ctl, budget) : 0;
         if (depth == 0) {
             int at = L->live->offset;
             int32_t picked = -1;
@@ -489,7 +509,7 @@ int cn_engine_generate_on(cn_engine *e, int lane, const cn_request *r, cn_result
     }
     double t0 = now_ms();
     cn_pc_session sess;
-    int decoding = 0; /* counted in e->n_decoding */
+    int active = 0; /* counted in e->n_active */
     L->gate_shared = 0;
     lock(e);
     rc = e->o.lanes > 1 ? join_wait(e, lane, r, keys, nk) : CN_OK;
@@ -500,6 +520,8 @@ int cn_engine_generate_on(cn_engine *e, int lane, const cn_request *r, cn_result
     L->run = &sess;
     L->run_id++;
     L->prefilling = 1;
+    set_active(e, 1);
+    active = 1;
     res->prompt_tokens = n;
     res->matched_tokens = sess.matched;
     res->cached_tokens = sess.restored;
@@ -563,8 +585,6 @@ int cn_engine_generate_on(cn_engine *e, int lane, const cn_request *r, cn_result
     double t1 = now_ms();
     res->stop = CN_STOP_LENGTH;
     L->prefilling = 0;
-    set_decoding(e, 1);
-    decoding = 1;
     unlock(e);
     if (L->spec) {
         if (r->max_tokens > 0) {
@@ -609,7 +629,7 @@ int cn_engine_generate_on(cn_engine *e, int lane, const cn_request *r, cn_result
     lock(e);
 close:
     {
-        if (decoding) set_decoding(e, 0);
+        if (active) set_active(e, 0);
         /* The draft settles on every path: the final token closed its last pair, or a cancelled
          * prefill stopped at a chunk's end where every pair is closed. */
         int crc = L->spec ? cn_spec_flush(L->spec) : CN_OK;

@@ -24,11 +24,13 @@
  * its own thread (cn_engine_generate_on): every lane has its own live state (and drafter) and all
  * share the one prefix cache, so a request begins from whatever any lane recorded. The model and
  * the cache are used by one thread at a time (the engine's lock, held for forwards and cache
- * work, never across a callback). A prefill chunk runs alone; the lanes that are decoding take
- * their next token in one forward of all of them (cn_model_forward_seqs), each waiting for the
- * others to be ready, so a prompt in one lane holds the others' decode back by one chunk at most.
- * A lane speculates only while no other lane decodes. On the CPU a request's tokens do not depend
- * on what runs beside it (model.h, cn_model_forward_seqs).
+ * work, never across a callback). Every running lane brings its next step to the gate (a decode
+ * token, or its next prefill chunk) and the steps of all of them run as one forward
+ * (cn_model_forward_seqs), each lane waiting for the others to be ready: a prompt being absorbed
+ * costs the decoding lanes one larger step a chunk, never a wait of its own. A chunk with a
+ * restore point inside it runs alone within the step. A lane speculates only while no other lane
+ * runs. On the CPU a request's tokens do not depend on what runs beside it (model.h,
+ * cn_model_forward_seqs).
  *
  * The in-flight join: a request whose prompt shares with another lane's running prefill more than
  * the trie holds (CN_JOIN_MIN keys past its match, or more) has that prefill capture a restore
@@ -70,7 +72,10 @@ typedef struct cn_engine_lane {
     float *logits;         /* [vocab] scratch */
     float *hidden;         /* [chunk][H] target hiddens of one forward, for the drafter */
     cn_pc_session *sess;   /* the running request's, while it waits at the gate */
-    int32_t gate_tok, gate_pick;
+    const int32_t *gate_tokens; /* its next step: tokens [gate_from, gate_to) of these, the first
+                                 * gate_known of them known */
+    int gate_from, gate_to, gate_known;
+    int32_t gate_pick;
     int gate_want, gate_done, gate_rc, gate_logits, gate_greedy;
     int gate_shared;       /* the running request's steps taken beside other lanes' */
     cn_pc_session *run;    /* the running request's session from begin to close, else NULL */
@@ -93,8 +98,8 @@ typedef struct cn_engine {
     pthread_cond_t join_cv; /* a lane committed restore points or closed (the in-flight join) */
     _Atomic int lock_wanted;       /* threads blocked taking mu (lock() in engine.c) */
     _Atomic unsigned lock_epoch;   /* times mu was taken through lock() */
-    int n_decoding;       /* lanes whose request is decoding */
-    int n_ready;          /* of the lanes at the gate, waiting for the next batched step */
+    int n_active;         /* lanes whose request runs (begun, not closed) */
+    int n_ready;          /* of the lanes at the gate, waiting for the next step */
     uint64_t gate_steps;  /* counters for tests and logs: forwards of several lanes at once */
     uint64_t gate_tokens; /* and the tokens they took */
 } cn_engine;

@@ -908,7 +908,8 @@ int cn_model_forward_seqs(cn_model *m, cn_seq_batch *sb, int n_seqs) {
     }
     if (n_seqs == 1) { /* the one-sequence forward, its decode steps recorded and replayed */
         cn_batch bt = {.tokens = sb[0].tokens, .n = sb[0].n, .logits = sb[0].logits,
-                       .argmax = sb[0].argmax, .hidden = sb[0].hidden};
+                       .argmax = sb[0].argmax, .hidden = sb[0].hidden,
+                       .all_hidden = sb[0].hidden && sb[0].all_hidden};
         return cn_model_forward(m, sb[0].state, &bt);
     }
     if (m->n_swa) return CN_EUNSUPPORTED; /* a ring per sequence: not written yet */
@@ -928,15 +929,25 @@ int cn_model_forward_seqs(cn_model *m, cn_seq_batch *sb, int n_seqs) {
     if (rc) return rc;
     rc = cn_op_get_rows(b, &x, &m->w.embed, &ids);                        /* h = embed[tok] */
     if (!rc) rc = run_layers(m, m->w.layers, sq, n_seqs, T, &seg, 1, NULL, NULL, 0);
+    /* every row's hidden for the sequences that ask: norm_f over the piece, read after the step */
+    int any_all = 0;
+    for (int i = 0; i < n_seqs; i++) any_all |= sb[i].hidden && sb[i].all_hidden;
+    cn_tensor xa = rows(&s->xn, T);
+    if (!rc && any_all) rc = cn_op_rmsnorm(b, &xa, &x, &m->w.norm_f, m->cfg.norm_eps);
     int k = 0; /* rows gathered for the head */
     for (int i = 0; !rc && i < n_seqs; i++) {
-        if (!sb[i].logits && !sb[i].argmax && !sb[i].hidden) continue;
+        if (!sb[i].logits && !sb[i].argmax && !(sb[i].hidden && !sb[i].all_hidden)) continue;
         cn_tensor src = cn_tensor_rows(&s->x, sq[i].r0 + sq[i].n - 1, 1);
         cn_tensor dst = cn_tensor_rows(&s->tmp, k++, 1);
         rc = cn_backend_copy(b, &dst, &src);
     }
     CHECK(step_finish(b, rc));
     for (int i = 0; i < n_seqs; i++) sb[i].state->offset += sb[i].n;
+    for (int i = 0; any_all && i < n_seqs; i++) {
+        if (!sb[i].hidden || !sb[i].all_hidden) continue;
+        cn_tensor hr = cn_tensor_rows(&s->xn, sq[i].r0, sq[i].n);
+        CHECK(cn_backend_download(b, sb[i].hidden, &hr));
+    }
     /* the head, logit_rows gathered rows at a time */
     const int queued = cn_backend_has_argmax(b);
     for (int i = 0, j0 = 0; j0 < k;) {
@@ -950,9 +961,9 @@ int cn_model_forward_seqs(cn_model *m, cn_seq_batch *sb, int n_seqs) {
         int32_t picks[16];
         if (queued) CHECK(cn_backend_download(b, picks, &pk));
         for (int j = 0; j < r; i++) {
-            if (!sb[i].logits && !sb[i].argmax && !sb[i].hidden) continue;
+            if (!sb[i].logits && !sb[i].argmax && !(sb[i].hidden && !sb[i].all_hidden)) continue;
             cn_tensor row = cn_tensor_rows(&lg, j, 1), hrow = cn_tensor_rows(&xn, j, 1);
-            if (sb[i].hidden) CHECK(cn_backend_download(b, sb[i].hidden, &hrow));
+            if (sb[i].hidden && !sb[i].all_hidden) CHECK(cn_backend_download(b, sb[i].hidden, &hrow));
             float *host = sb[i].logits ? sb[i].logits : s->host_logits;
             if (sb[i].logits || (sb[i].argmax && !queued)) CHECK(cn_backend_download(b, host, &row));
             if (sb[i].argmax) *sb[i].argmax = queued ? picks[j] : host_argmax(host, V);

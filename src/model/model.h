@@ -198,7 +198,9 @@ typedef struct cn_seq_batch {
     int n;
     float *logits;         /* OUT (optional): host [vocab] after the last token */
     int32_t *argmax;       /* OUT (optional): the greedy pick after the last token */
-    float *hidden;         /* OUT (optional): host [hidden] of the last token, after norm_f */
+    float *hidden;         /* OUT (optional): host [hidden] of the last token, after norm_f;
+                            * with all_hidden [n][hidden], every token's */
+    int all_hidden;
 } cn_seq_batch;
 
 /* Absorbs the tokens of several sequences in one forward, each into its own state: every product
