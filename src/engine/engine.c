@@ -180,35 +180,38 @@ static int forward_alone(cn_engine *e, cn_engine_lane *L, cn_pc_session *sess, c
     return rc ? rc : absorbed(e, L, sess, tokens, from, to, known, caps, nc);
 }
 
+#define GATE_CAPS 8 /* restore points a lane's step may carry into the shared forward */
+
 /* The step gate (caller holds the lock): every lane waiting here (a decode token, or a prefill
- * chunk) goes into one forward of all of them, as many forwards as the model's piece needs
- * rows. A chunk whose session asks for a restore point inside it runs alone first (captures
- * are the ordinary forward's); one asked for at its end is the state the forward leaves, taken
- * after it. Wakes them all. */
+ * chunk) goes into one forward of all of them, its restore points captured inside it, as long as
+ * the model's piece holds their rows (a lane that does not fit, or asks for more than GATE_CAPS
+ * restore points, runs alone first). Wakes them all. */
 static void run_gate(cn_engine *e) {
     cn_seq_batch sb[64];
     cn_engine_lane *in[64];
-    int end_cap[64];
+    int at[64][GATE_CAPS];
+    cn_rsnap caps[64][GATE_CAPS];
     const int U = cn_model_ubatch(e->m);
     int n = 0, rows = 0;
     for (int k = 0; k < e->o.lanes; k++) {
         cn_engine_lane *L = &e->lanes[k];
         if (!L->gate_want) continue;
         const int from = L->gate_from, to = L->gate_to, len = to - from;
-        int at[64];
-        int nc = cn_pc_captures_in(L->sess, from, to, at, 64);
-        if (n == 64 || (nc > 0 && at[0] < to) || len > U - rows) {
+        int all[GATE_CAPS + 1];
+        const int nc = cn_pc_captures_in(L->sess, from, to, all, GATE_CAPS + 1);
+        if (n == 64 || nc > GATE_CAPS || len > U - rows) {
             L->gate_rc = forward_alone(e, L, L->sess, L->gate_tokens, from, to, L->gate_logits || L->gate_greedy,
                                        L->gate_known, L->gate_greedy ? &L->gate_pick : NULL);
             L->gate_want = 0;
             L->gate_done = 1;
             continue;
         }
-        end_cap[n] = nc > 0;
+        memcpy(at[n], all, (size_t)nc * sizeof *all);
         sb[n] = (cn_seq_batch){.state = L->live, .tokens = L->gate_tokens + from, .n = len,
                                .logits = L->gate_logits ? L->logits : NULL,
                                .argmax = L->gate_greedy ? &L->gate_pick : NULL,
-                               .hidden = L->spec ? L->hidden : NULL, .all_hidden = L->spec != NULL};
+                               .hidden = L->spec ? L->hidden : NULL, .all_hidden = L->spec != NULL,
+                               .capture_at = at[n], .n_capture = nc, .captures = caps[n]};
         in[n++] = L;
         rows += len;
     }
@@ -222,11 +225,10 @@ static void run_gate(cn_engine *e) {
     for (int i = 0; i < n; i++) {
         cn_engine_lane *L = in[i];
         int lrc = apart ? cn_model_forward_seqs(e->m, &sb[i], 1) : rc;
-        cn_rsnap cap;
-        if (!lrc && end_cap[i]) lrc = cn_state_snapshot(L->live, &cap);
+        /* the captures move into the cache (absorbed frees them) */
         if (!lrc)
             lrc = absorbed(e, L, L->sess, L->gate_tokens, L->gate_from, L->gate_to, L->gate_known,
-                           end_cap[i] ? &cap : NULL, end_cap[i]);
+                           caps[i], sb[i].n_capture);
         L->gate_shared += n > 1 && !apart;
         L->gate_rc = lrc;
         L->gate_want = 0;

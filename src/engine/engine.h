@@ -27,9 +27,8 @@
  * work, never across a callback). Every running lane brings its next step to the gate (a decode
  * token, or its next prefill chunk) and the steps of all of them run as one forward
  * (cn_model_forward_seqs), each lane waiting for the others to be ready: a prompt being absorbed
- * costs the decoding lanes one larger step a chunk, never a wait of its own. A chunk with a
- * restore point inside it runs alone within the step. A lane speculates only while no other lane
- * runs. On the CPU a request's tokens do not depend on what runs beside it (model.h,
+ * costs the decoding lanes one larger step a chunk, never a wait of its own; restore points are
+ * captured inside that forward. A lane speculates only while no other lane runs. On the CPU a request's tokens do not depend on what runs beside it (model.h,
  * cn_model_forward_seqs).
  *
  * The in-flight join: a request whose prompt shares with another lane's running prefill more than

@@ -42,6 +42,9 @@ static cn_tensor rows(const cn_tensor *t, int n) { return cn_tensor_rows(t, 0, n
 typedef struct seq {
     cn_state *st;
     int r0, n, off;
+    const int *cap_at; /* [n_cap] capture offsets in (off, off + n] (several sequences only) */
+    int n_cap;
+    cn_rsnap *caps;
 } seq;
 
 
@@ -331,8 +334,19 @@ static int mamba_mixer(cn_model *m, const cn_mamba_w *w, const seq *sq, int nsq,
     cn_tensor y = rows(&s->y, T);
     y.shape[1] = di;
     cn_layer_state *ls = &sq[0].st->layers[l];
-    for (int i = 0; nsq > 1 && i < nsq; i++)
-        CHECK(mamba_span(m, w, &a, &sq[i].st->layers[l], &conv, &xbc, &dt, &y, sq[i].r0, sq[i].n));
+    for (int i = 0; nsq > 1 && i < nsq; i++) { /* each sequence cut at its captures */
+        cn_layer_state *li = &sq[i].st->layers[l];
+        int start = 0;
+        for (int c = 0; c <= sq[i].n_cap; c++) {
+            const int end = c < sq[i].n_cap ? sq[i].cap_at[c] - sq[i].off : sq[i].n;
+            if (end > start) CHECK(mamba_span(m, w, &a, li, &conv, &xbc, &dt, &y, sq[i].r0 + start, end - start));
+            if (c < sq[i].n_cap) {
+                CHECK(cn_backend_copy(b, &sq[i].caps[c].conv[mamba_idx], &li->conv));
+                CHECK(cn_backend_copy(b, &sq[i].caps[c].ssm[mamba_idx], &li->ssm));
+            }
+            start = end;
+        }
+    }
     if (nsq > 1) n_seg = 0;
     /* With captures, one conv and one scan over the whole piece where the backend writes the
      * captured states as it passes them (cn_state_caps): the same states, bit for bit, without
@@ -708,7 +722,7 @@ static int decode_step(cn_model *m, cn_state *st, int offset, const segment *seg
     if (rc < 0) return rc;
     if (rc == 0) {
         rc = cn_op_get_rows(b, &x, &m->w.embed, &ids);                    /* h = embed[tok] */
-        const seq one = {st, 0, 1, offset};
+        const seq one = {st, 0, 1, offset, NULL, 0, NULL};
         if (!rc) rc = run_layers(m, m->w.layers, &one, 1, 1, seg, n_seg, caps, NULL, 0);
         /* norm_f inside the lm_head's product where the backend fuses it (hidden needs xn) */
         int head_done = 0;
@@ -842,7 +856,7 @@ int cn_model_forward(cn_model *m, cn_state *st, cn_batch *bt) {
          * inside it (the tokens were checked above, the routes come from moe_route) */
         if ((rc = cn_backend_step_begin(b, STEP_PREFILL | CN_STEP_EAGER))) goto fail;
         rc = cn_op_get_rows(b, &x, &m->w.embed, &ids);                      /* h = embed[tok] */
-        const seq one = {st, 0, T, offset};
+        const seq one = {st, 0, T, offset, NULL, 0, NULL};
         if (!rc)
             rc = run_layers(m, m->w.layers, &one, 1, T, seg, n_seg, bt->captures, rp, need_from);
         if ((rc = step_finish(b, rc))) goto fail;
@@ -899,6 +913,12 @@ int cn_model_forward_seqs(cn_model *m, cn_seq_batch *sb, int n_seqs) {
     for (int i = 0; i < n_seqs; i++) {
         const cn_seq_batch *q = &sb[i];
         if (!q->state || q->state->mtp || !q->tokens || q->n <= 0 || q->n > U - T) return CN_EINVAL;
+        if (q->n_capture < 0 || q->n_capture > PIECE_CAPS || (q->n_capture && (!q->capture_at || !q->captures)))
+            return CN_EINVAL;
+        for (int c = 0; c < q->n_capture; c++)
+            if (q->capture_at[c] <= q->state->offset || q->capture_at[c] > q->state->offset + q->n ||
+                (c > 0 && q->capture_at[c] <= q->capture_at[c - 1]))
+                return CN_EINVAL;
         for (int j = 0; j < i; j++)
             if (sb[j].state == q->state) return CN_EINVAL;
         if ((int64_t)q->state->offset + q->n > q->state->max_ctx) return CN_ECONTEXT;
@@ -909,7 +929,8 @@ int cn_model_forward_seqs(cn_model *m, cn_seq_batch *sb, int n_seqs) {
     if (n_seqs == 1) { /* the one-sequence forward, its decode steps recorded and replayed */
         cn_batch bt = {.tokens = sb[0].tokens, .n = sb[0].n, .logits = sb[0].logits,
                        .argmax = sb[0].argmax, .hidden = sb[0].hidden,
-                       .all_hidden = sb[0].hidden && sb[0].all_hidden};
+                       .all_hidden = sb[0].hidden && sb[0].all_hidden, .capture_at = sb[0].capture_at,
+                       .n_capture = sb[0].n_capture, .captures = sb[0].captures};
         return cn_model_forward(m, sb[0].state, &bt);
     }
     if (m->n_swa) return CN_EUNSUPPORTED; /* a ring per sequence: not written yet */
@@ -918,15 +939,23 @@ int cn_model_forward_seqs(cn_model *m, cn_seq_batch *sb, int n_seqs) {
     const int64_t V = m->cfg.vocab_size;
     seq *sq = s->sq;
     m->s.ids0 = -1;
-    for (int i = 0, r = 0; i < n_seqs; r += sb[i++].n) {
-        sq[i] = (seq){sb[i].state, r, sb[i].n, sb[i].state->offset};
-        CHECK(cn_backend_upload(b, &s->ids, (uint64_t)r * 4, sb[i].tokens, (uint64_t)sb[i].n * 4));
+    int rc = CN_OK, n_alloc = 0;
+    for (int i = 0, r = 0; !rc && i < n_seqs; r += sb[i++].n) {
+        sq[i] = (seq){sb[i].state, r, sb[i].n, sb[i].state->offset, sb[i].capture_at, sb[i].n_capture,
+                      sb[i].captures};
+        for (int c = 0; c < sb[i].n_capture; c++) memset(&sb[i].captures[c], 0, sizeof sb[i].captures[c]);
+        for (int c = 0; !rc && c < sb[i].n_capture; c++) { /* the conv and scan fill them */
+            rc = cn_state_snapshot_alloc(sb[i].state, &sb[i].captures[c]);
+            sb[i].captures[c].offset = sb[i].capture_at[c];
+        }
+        n_alloc = i + 1;
+        if (!rc) rc = cn_backend_upload(b, &s->ids, (uint64_t)r * 4, sb[i].tokens, (uint64_t)sb[i].n * 4);
     }
+    if (rc) goto fail;
     cn_tensor ids = cn_tensor_rows(&s->ids, 0, T), x = rows(&s->x, T);
     ids.ndim = 1;
     const segment seg = {T, -1};
-    int rc = cn_backend_step_begin(b, STEP_SEQS | CN_STEP_EAGER);
-    if (rc) return rc;
+    if ((rc = cn_backend_step_begin(b, STEP_SEQS | CN_STEP_EAGER))) goto fail;
     rc = cn_op_get_rows(b, &x, &m->w.embed, &ids);                        /* h = embed[tok] */
     if (!rc) rc = run_layers(m, m->w.layers, sq, n_seqs, T, &seg, 1, NULL, NULL, 0);
     /* every row's hidden for the sequences that ask: norm_f over the piece, read after the step */
@@ -941,12 +970,11 @@ int cn_model_forward_seqs(cn_model *m, cn_seq_batch *sb, int n_seqs) {
         cn_tensor dst = cn_tensor_rows(&s->tmp, k++, 1);
         rc = cn_backend_copy(b, &dst, &src);
     }
-    CHECK(step_finish(b, rc));
-    for (int i = 0; i < n_seqs; i++) sb[i].state->offset += sb[i].n;
+    if ((rc = step_finish(b, rc))) goto fail;
     for (int i = 0; any_all && i < n_seqs; i++) {
         if (!sb[i].hidden || !sb[i].all_hidden) continue;
         cn_tensor hr = cn_tensor_rows(&s->xn, sq[i].r0, sq[i].n);
-        CHECK(cn_backend_download(b, sb[i].hidden, &hr));
+        if ((rc = cn_backend_download(b, sb[i].hidden, &hr))) goto fail;
     }
     /* the head, logit_rows gathered rows at a time */
     const int queued = cn_backend_has_argmax(b);
@@ -955,23 +983,27 @@ int cn_model_forward_seqs(cn_model *m, cn_seq_batch *sb, int n_seqs) {
         cn_tensor xr = cn_tensor_rows(&s->tmp, j0, r), xn = rows(&s->xn, r), lg = rows(&s->logits, r);
         cn_tensor pk = cn_tensor_rows(&s->ids, 0, r);
         pk.ndim = 1;
-        CHECK(cn_op_rmsnorm(b, &xn, &xr, &m->w.norm_f, m->cfg.norm_eps));
-        CHECK(cn_op_matmul(b, &lg, &m->w.lm_head, &xn));
-        if (queued) CHECK(cn_op_argmax(b, &pk, &lg));
+        if ((rc = cn_op_rmsnorm(b, &xn, &xr, &m->w.norm_f, m->cfg.norm_eps))) goto fail;
+        if ((rc = cn_op_matmul(b, &lg, &m->w.lm_head, &xn))) goto fail;
         int32_t picks[16];
-        if (queued) CHECK(cn_backend_download(b, picks, &pk));
+        if (queued && ((rc = cn_op_argmax(b, &pk, &lg)) || (rc = cn_backend_download(b, picks, &pk)))) goto fail;
         for (int j = 0; j < r; i++) {
             if (!sb[i].logits && !sb[i].argmax && !(sb[i].hidden && !sb[i].all_hidden)) continue;
             cn_tensor row = cn_tensor_rows(&lg, j, 1), hrow = cn_tensor_rows(&xn, j, 1);
-            if (sb[i].hidden && !sb[i].all_hidden) CHECK(cn_backend_download(b, sb[i].hidden, &hrow));
+            if (sb[i].hidden && !sb[i].all_hidden && (rc = cn_backend_download(b, sb[i].hidden, &hrow))) goto fail;
             float *host = sb[i].logits ? sb[i].logits : s->host_logits;
-            if (sb[i].logits || (sb[i].argmax && !queued)) CHECK(cn_backend_download(b, host, &row));
+            if ((sb[i].logits || (sb[i].argmax && !queued)) && (rc = cn_backend_download(b, host, &row))) goto fail;
             if (sb[i].argmax) *sb[i].argmax = queued ? picks[j] : host_argmax(host, V);
             j++;
         }
         j0 += r;
     }
+    for (int i = 0; i < n_seqs; i++) sb[i].state->offset += sb[i].n;
     return CN_OK;
+fail:
+    for (int i = 0; i < n_alloc; i++)
+        for (int c = 0; c < sb[i].n_capture; c++) cn_rsnap_free(m, &sb[i].captures[c]);
+    return rc;
 }
 
 /* The head over n positions; last_only: logits and hidden_out hold the last position's only. */
@@ -1018,7 +1050,7 @@ static int mtp_forward(cn_model *m, cn_state *st, const float *hidden, const int
         if (!rc && !replayed) rc = cn_op_matmul(b, &x, &w->eh_proj, &cat);  /* eh_proj */
         /* last_only: the other rows are forwarded for their KV rows alone */
         const int need_from = !last_only ? 0 : last ? T - 1 : T;
-        const seq one = {st, 0, T, st->offset};
+        const seq one = {st, 0, T, st->offset, NULL, 0, NULL};
         if (!rc && !replayed) rc = run_layers(m, w->layers, &one, 1, T, seg, 1, NULL, NULL, need_from);
         if (step) {
             cn_tensor xn = rows(&m->s.xn, 1), lg = rows(&m->s.logits, 1);

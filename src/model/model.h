@@ -201,6 +201,10 @@ typedef struct cn_seq_batch {
     float *hidden;         /* OUT (optional): host [hidden] of the last token, after norm_f;
                             * with all_hidden [n][hidden], every token's */
     int all_hidden;
+    const int *capture_at; /* (optional) ascending offsets in (offset, offset + n] where the
+                            * recurrent state is kept, as cn_batch's */
+    int n_capture;
+    cn_rsnap *captures;    /* OUT: [n_capture]; caller owns each, cn_rsnap_free() */
 } cn_seq_batch;
 
 /* Absorbs the tokens of several sequences in one forward, each into its own state: every product
@@ -209,8 +213,8 @@ typedef struct cn_seq_batch {
  * sequence's results are the ones cn_model_forward gives it alone, on the CPU bit for bit (its
  * products are row-wise with one addition order whatever the rows: cpu_matmul.c); a device's
  * products over more rows may round differently. The states must be distinct states of the main
- * stack, the tokens at most cn_model_ubatch in all. No captures: restore points come from
- * cn_model_forward. Returns 0, CN_EINVAL, CN_ECONTEXT (a sequence past its state's max_ctx),
+ * stack, the tokens at most cn_model_ubatch in all. A sequence's captures hold the state
+ * cn_model_forward's would (its conv and scan cut there). Returns 0, CN_EINVAL, CN_ECONTEXT (a sequence past its state's max_ctx),
  * CN_EUNSUPPORTED (a model with sliding-window layers, unless n_seqs is 1) — with nothing
  * changed — or a backend error, after which the states are undefined. */
 int cn_model_forward_seqs(cn_model *m, cn_seq_batch *seqs, int n_seqs);

@@ -358,21 +358,42 @@ static void check_seqs(const char *name) {
             assert_int_equal(cn_model_forward(f.m, k ? batched[i] : alone[i], &bt), 0);
         }
     }
-    /* step 0: one token, a 7-token chunk, one token, a 3-token start */
+    /* step 0: one token, a 7-token chunk (restore points after its third token and at its end,
+     * equal to the ones a forward alone keeps), one token, a 3-token start */
     const int n0[NS] = {1, 7, 1, 3};
     int32_t picked = -1;
     for (int step = 0; step < 8; step++) {
         cn_seq_batch sb[NS];
+        int cap_at[2] = {0, 0};
+        cn_rsnap cap_alone[2], cap_batched[2];
         for (int i = 0; i < NS; i++) {
             const int n = step == 0 ? n0[i] : 1;
             const int32_t *t = g.prompt + (i * 3 + step) % (g.n_prompt - 8);
-            cn_batch bt = {.tokens = t, .n = n, .logits = want + (size_t)i * f.V};
+            const int nc = step == 0 && i == 1 ? 2 : 0;
+            if (nc) cap_at[0] = alone[i]->offset + 3, cap_at[1] = alone[i]->offset + 7;
+            cn_batch bt = {.tokens = t, .n = n, .logits = want + (size_t)i * f.V, .capture_at = cap_at,
+                           .n_capture = nc, .captures = cap_alone};
             assert_int_equal(cn_model_forward(f.m, alone[i], &bt), 0);
             sb[i] = (cn_seq_batch){.state = batched[i], .tokens = t, .n = n,
                                    .logits = i == 2 && step % 2 ? NULL : got + (size_t)i * f.V,
-                                   .argmax = i == 2 ? &picked : NULL};
+                                   .argmax = i == 2 ? &picked : NULL, .capture_at = cap_at,
+                                   .n_capture = nc, .captures = cap_batched};
         }
         assert_int_equal(cn_model_forward_seqs(f.m, sb, NS), 0);
+        for (int c = 0; step == 0 && c < 2; c++) {
+            assert_int_equal(cap_batched[c].offset, cap_alone[c].offset);
+            for (int j = 0; j < cap_alone[c].n_layers; j++) {
+                const cn_tensor *a[2] = {&cap_alone[c].conv[j], &cap_alone[c].ssm[j]};
+                const cn_tensor *q[2] = {&cap_batched[c].conv[j], &cap_batched[c].ssm[j]};
+                for (int t = 0; t < 2; t++) {
+                    const double err = tu_rows_rel_err(f.b, q[t], a[t], (int)a[t]->shape[0]);
+                    if (!strcmp(cn_backend_name(f.b), "cpu")) assert_true(err == 0);
+                    else assert_true(err < REL_TOL);
+                }
+            }
+            cn_rsnap_free(f.m, &cap_alone[c]);
+            cn_rsnap_free(f.m, &cap_batched[c]);
+        }
         for (int i = 0; i < NS; i++) {
             assert_int_equal(batched[i]->offset, alone[i]->offset);
             if (sb[i].logits) expect_row(&f, got + (size_t)i * f.V, want + (size_t)i * f.V);
