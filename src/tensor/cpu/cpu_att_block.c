@@ -8,12 +8,8 @@
  * (AB_KB keys against AB_NVG lane vectors of q transposed, one broadcast per key and d), the
  * online softmax runs on those vectors, and the values are a second micro-kernel (AB_LB lanes x
  * AB_DB column vectors of the output held in registers across the step's keys). The rows AB_PF
- * steps ahead are prefetched into L2 among the decoding.
- * Measured on one core of the 2-core Zen 4 VM (loaded; one block over 32k keys, F32 rows of 2 kv
- * heads of 64, best of 6, against its 112 GFLOP/s FMA loop): 64 lanes against 32 took AVX-512
- * from 40 to 53-58 GFLOP/s (the rows' reads half as many a flop) and AVX2 from 34-37 to 39; AVX2
- * scores 6 keys x 2 vectors (12 chains) against 2 x 4: 51-61 against 37-48. Reading F32 rows in
- * place instead of copying them was no faster (AVX2 slower).
+ * steps ahead are prefetched into L2 among the decoding. Why these sizes (64 lanes, AVX2's 6 keys
+ * x 2 vectors, copied rows, the prefetch): docs/performance.md, "The CPU's prefill attention".
  *
  * Numerics: per lane, the operations of the AVX-512 decode kernel (cpu_attention.c, at_step) in
  * its order: each score one fused chain over d upward; per step of AB_VK keys from s0 the max,
@@ -40,8 +36,7 @@
  * in different L1 sets (at 1 KiB apart the tiles and o of a 64-wide head crowded 16 sets of 8 ways
  * and the kernel stalled on reloads). A constant: the micro-kernels address rows as immediates. */
 #define AB_KS (CPU_ATT_DMAX + 16)
-/* Steps ahead whose rows are prefetched, into L2 (the block's state fills the L1): at 32k keys
- * of 2 kv heads of 64, 34-40 GFLOP/s a core without, 45-51 with (AVX-512, loaded machine). */
+/* Steps ahead whose rows are prefetched, into L2 (the block's state fills the L1). */
 #define AB_PF 4
 #define AB_HINT _MM_HINT_T1
 
