@@ -114,7 +114,7 @@ int cn_cmd_serve(int argc, char **argv) {
         {"cache-disk", CN_FLAG_SIZE, &eo.disk_budget, "SIZE", "disk for restore points (default 16G)", 0, 0},
         {"api-key", CN_FLAG_STR, &api_key, "KEY", "require Authorization: Bearer KEY (or x-api-key: KEY)", 0, 0},
         {"alias", CN_FLAG_LIST, &alias, "PATTERN=MODEL", "serve requests for names matching PATTERN ('claude-*') with the model (repeatable)", 0, 0},
-        {"parallel", CN_FLAG_INT, &parallel, "N", "requests that run at once, their decode steps batched (default 1); the context is per request", 0, 0},
+        {"parallel", CN_FLAG_INT, &parallel, "N", "requests that run at once, their steps batched into one forward (default 1); the context is per request", 0, 0},
         {"max-queue", CN_FLAG_INT, &max_queue, "N", "requests that may wait before 503 (default 64)", 0, 0},
         {"finish-cancelled", CN_FLAG_FLOAT, &finish_cancelled, "SECONDS",
          "keep prefilling a prompt whose client left, while idle, up to SECONDS (default 120; 0: off)", 0, 0},

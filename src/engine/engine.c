@@ -119,6 +119,16 @@ void cn_engine_close(cn_engine *e) {
     free(e);
 }
 
+/* CLOCK_REALTIME ms from now: a pthread_cond_timedwait deadline. */
+static struct timespec deadline_ms(long ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += ms * 1000000L;
+    ts.tv_sec += ts.tv_nsec / 1000000000L;
+    ts.tv_nsec %= 1000000000L;
+    return ts;
+}
+
 static void lock(cn_engine *e) {
     atomic_fetch_add(&e->lock_wanted, 1);
     pthread_mutex_lock(&e->mu);
@@ -198,17 +208,17 @@ static void run_gate(cn_engine *e) {
         if (!L->gate_want) continue;
         const int from = L->gate_from, to = L->gate_to, len = to - from;
         int all[GATE_CAPS + 1];
-        const int nc = cn_pc_captures_in(L->sess, from, to, all, GATE_CAPS + 1);
+        const int nc = cn_pc_captures_in(L->run, from, to, all, GATE_CAPS + 1);
         if (n == 64 || nc > GATE_CAPS || len > U - rows) {
-            L->gate_rc = forward_alone(e, L, L->sess, L->gate_tokens, from, to, L->gate_logits || L->gate_greedy,
-                                       L->gate_known, L->gate_greedy ? &L->gate_pick : NULL);
+            L->gate_rc = forward_alone(e, L, L->run, L->gate_ids, from, to, L->gate_logits, L->gate_known,
+                                       L->gate_greedy ? &L->gate_pick : NULL);
             L->gate_want = 0;
             L->gate_done = 1;
             continue;
         }
         memcpy(at[n], all, (size_t)nc * sizeof *all);
-        sb[n] = (cn_seq_batch){.state = L->live, .tokens = L->gate_tokens + from, .n = len,
-                               .logits = L->gate_logits ? L->logits : NULL,
+        sb[n] = (cn_seq_batch){.state = L->live, .tokens = L->gate_ids + from, .n = len,
+                               .logits = L->gate_logits && !L->gate_greedy ? L->logits : NULL,
                                .argmax = L->gate_greedy ? &L->gate_pick : NULL,
                                .hidden = L->spec ? L->hidden : NULL, .all_hidden = L->spec != NULL,
                                .capture_at = at[n], .n_capture = nc, .captures = caps[n]};
@@ -227,7 +237,7 @@ static void run_gate(cn_engine *e) {
         int lrc = apart ? cn_model_forward_seqs(e->m, &sb[i], 1) : rc;
         /* the captures move into the cache (absorbed frees them) */
         if (!lrc)
-            lrc = absorbed(e, L, L->sess, L->gate_tokens, L->gate_from, L->gate_to, L->gate_known,
+            lrc = absorbed(e, L, L->run, L->gate_ids, L->gate_from, L->gate_to, L->gate_known,
                            caps[i], sb[i].n_capture);
         L->gate_shared += n > 1 && !apart;
         L->gate_rc = lrc;
@@ -253,12 +263,11 @@ static void set_active(cn_engine *e, int on) {
 static int forward(cn_engine *e, cn_engine_lane *L, cn_pc_session *sess, const int32_t *tokens, int from,
                    int to, int want_logits, int known, int32_t *greedy) {
     if (e->o.lanes == 1) return forward_alone(e, L, sess, tokens, from, to, want_logits, known, greedy);
-    L->sess = sess;
-    L->gate_tokens = tokens;
+    L->gate_ids = tokens; /* sess is L->run, which the gate reads */
     L->gate_from = from;
     L->gate_to = to;
     L->gate_known = known;
-    L->gate_logits = want_logits && !greedy;
+    L->gate_logits = want_logits;
     L->gate_greedy = greedy != NULL;
     L->gate_done = 0;
     L->gate_want = 1;
@@ -266,10 +275,7 @@ static int forward(cn_engine *e, cn_engine_lane *L, cn_pc_session *sess, const i
     while (!L->gate_done) {
         /* a lane away in its callbacks for longer than GATE_WAIT_MS joins the step after: the
          * others never wait on what a callback does (it might wait on them) */
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += GATE_WAIT_MS * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        const struct timespec ts = deadline_ms(GATE_WAIT_MS);
         if (pthread_cond_timedwait(&e->gate_cv, &e->mu, &ts) == ETIMEDOUT && !L->gate_done) run_gate(e);
     }
     if (greedy) *greedy = L->gate_pick;
@@ -449,10 +455,7 @@ static int join_wait(cn_engine *e, int lane, const cn_request *r, const cn_key *
     /* until it is in the trie, or that request passed it anyway (a capture it could not keep),
      * stopped absorbing or ended */
     while (matched < shared && A->run_id == id && A->run && A->prefilling && A->live->offset < shared) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 100 * 1000000L;
-        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        const struct timespec ts = deadline_ms(100); /* the cancel poll's period */
         pthread_cond_timedwait(&e->join_cv, &e->mu, &ts);
         if (r->cancel) {
             unlock(e);

@@ -63,16 +63,15 @@ typedef struct cn_engine_opts {
     int lanes;             /* requests that may run at once (0: 1), each in a lane of its own */
 } cn_engine_opts;
 
-/* One lane: the live state a request runs in, with its drafter and scratch; the decode gate's
+/* One lane: the live state a request runs in, with its drafter and scratch; the step gate's
  * slot (engine.c) while it waits for a batched step. */
 typedef struct cn_engine_lane {
     cn_state *live;        /* owned */
     cn_spec *spec;         /* owned; NULL without a usable MTP head */
     float *logits;         /* [vocab] scratch */
     float *hidden;         /* [chunk][H] target hiddens of one forward, for the drafter */
-    cn_pc_session *sess;   /* the running request's, while it waits at the gate */
-    const int32_t *gate_tokens; /* its next step: tokens [gate_from, gate_to) of these, the first
-                                 * gate_known of them known */
+    const int32_t *gate_ids; /* its next step: ids [gate_from, gate_to) of these, the first
+                              * gate_known of them known */
     int gate_from, gate_to, gate_known;
     int32_t gate_pick;
     int gate_want, gate_done, gate_rc, gate_logits, gate_greedy;

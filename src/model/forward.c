@@ -36,9 +36,10 @@
 static cn_tensor rows(const cn_tensor *t, int n) { return cn_tensor_rows(t, 0, n); }
 
 /* A sequence's rows in a piece: rows [r0, r0 + n) enter st at offset off. A forward of one
- * sequence is a piece of one, cut by its segments (captures, a replay); a piece of several
- * (cn_model_forward_seqs) carries neither: every mixer runs its products over all the piece's
- * rows and its conv, scan and attention per sequence from that sequence's own state. */
+ * sequence is a piece of one, cut by its segments (captures, a replay); in a piece of several
+ * (cn_model_forward_seqs) every mixer runs its products over all the piece's rows and its conv,
+ * scan and attention per sequence from that sequence's own state, each cut at its own captures
+ * (no replay). */
 typedef struct seq {
     cn_state *st;
     int r0, n, off;
@@ -46,7 +47,6 @@ typedef struct seq {
     int n_cap;
     cn_rsnap *caps;
 } seq;
-
 
 /* ---- open / close ---------------------------------------------------------------------------- */
 
@@ -312,6 +312,25 @@ static int mamba_span(cn_model *m, const cn_mamba_w *w, const cn_ssm_args *a, cn
     return cn_op_ssm_scan(b, &ys, &xs, &dts, &B, &C, a, &ls->ssm);      /* y = SSM + D x */
 }
 
+/* Conv and scan over rows [r0, r0 + seg[n_seg - 1].end) of the piece from ls, cut at the
+ * segments' ends; a segment that names a capture leaves ls's state there in caps[capture]. */
+static int mamba_segments(cn_model *m, const cn_mamba_w *w, const cn_ssm_args *a, cn_layer_state *ls,
+                          cn_tensor *conv, cn_tensor *xbc, cn_tensor *dt, cn_tensor *y, int r0,
+                          const segment *seg, int n_seg, cn_rsnap *caps, int mamba_idx) {
+    int start = 0;
+    for (int i = 0; i < n_seg; i++) {
+        int n = seg[i].end - start;
+        if (n > 0) CHECK(mamba_span(m, w, a, ls, conv, xbc, dt, y, r0 + start, n));
+        if (seg[i].capture >= 0) {
+            cn_rsnap *snap = &caps[seg[i].capture];
+            CHECK(cn_backend_copy(m->b, &snap->conv[mamba_idx], &ls->conv));
+            CHECK(cn_backend_copy(m->b, &snap->ssm[mamba_idx], &ls->ssm));
+        }
+        start = seg[i].end;
+    }
+    return CN_OK;
+}
+
 /* MAMBA2(in) -> out (acc: added into out), over the T rows of the piece's sequences (layer l of
  * each); one sequence's are cut in segments, and with rp (a verify, one piece) the captures get
  * their conv tails and rp the SSM's starting state and inputs. */
@@ -335,17 +354,12 @@ static int mamba_mixer(cn_model *m, const cn_mamba_w *w, const seq *sq, int nsq,
     y.shape[1] = di;
     cn_layer_state *ls = &sq[0].st->layers[l];
     for (int i = 0; nsq > 1 && i < nsq; i++) { /* each sequence cut at its captures */
-        cn_layer_state *li = &sq[i].st->layers[l];
-        int start = 0;
-        for (int c = 0; c <= sq[i].n_cap; c++) {
-            const int end = c < sq[i].n_cap ? sq[i].cap_at[c] - sq[i].off : sq[i].n;
-            if (end > start) CHECK(mamba_span(m, w, &a, li, &conv, &xbc, &dt, &y, sq[i].r0 + start, end - start));
-            if (c < sq[i].n_cap) {
-                CHECK(cn_backend_copy(b, &sq[i].caps[c].conv[mamba_idx], &li->conv));
-                CHECK(cn_backend_copy(b, &sq[i].caps[c].ssm[mamba_idx], &li->ssm));
-            }
-            start = end;
-        }
+        segment cut[PIECE_CAPS + 1];
+        int nc = 0;
+        for (; nc < sq[i].n_cap; nc++) cut[nc] = (segment){sq[i].cap_at[nc] - sq[i].off, nc};
+        cut[nc++] = (segment){sq[i].n, -1};
+        CHECK(mamba_segments(m, w, &a, &sq[i].st->layers[l], &conv, &xbc, &dt, &y, sq[i].r0, cut, nc,
+                             sq[i].caps, mamba_idx));
     }
     if (nsq > 1) n_seg = 0;
     /* With captures, one conv and one scan over the whole piece where the backend writes the
@@ -379,17 +393,7 @@ static int mamba_mixer(cn_model *m, const cn_mamba_w *w, const seq *sq, int nsq,
         }
         n_seg = 0; /* done: the loop below has nothing left to cut */
     }
-    int start = 0;
-    for (int i = 0; i < n_seg; i++) {
-        int n = seg[i].end - start;
-        if (n > 0) CHECK(mamba_span(m, w, &a, ls, &conv, &xbc, &dt, &y, start, n));
-        if (seg[i].capture >= 0) {
-            cn_rsnap *snap = &caps[seg[i].capture];
-            CHECK(cn_backend_copy(b, &snap->conv[mamba_idx], &ls->conv));
-            CHECK(cn_backend_copy(b, &snap->ssm[mamba_idx], &ls->ssm));
-        }
-        start = seg[i].end;
-    }
+    CHECK(mamba_segments(m, w, &a, ls, &conv, &xbc, &dt, &y, 0, seg, n_seg, caps, mamba_idx));
     /* gate before the grouped norm: norm(y * silu(z)) * w; fused, inside out_proj's product */
     const int group = (int)(di / c->n_groups);
     if (acc) {
@@ -749,16 +753,32 @@ static int decode_step(cn_model *m, cn_state *st, int offset, const segment *seg
 
 /* ---- entry points ---------------------------------------------------------------------------- */
 
+/* n tokens of the main stack into st with captures at[0, n_cap) (into caps): ids in the
+ * vocabulary, room in st, the offsets ascending within (offset, offset + n]. */
+static int check_piece(const cn_model *m, const cn_state *st, const int32_t *tokens, int n, const int *at,
+                       int n_cap, const cn_rsnap *caps) {
+    if (!tokens || n <= 0 || st->mtp) return CN_EINVAL;
+    if ((int64_t)st->offset + n > st->max_ctx) return CN_ECONTEXT;
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= m->cfg.vocab_size) return CN_EINVAL;
+    if (n_cap < 0 || (n_cap > 0 && (!at || !caps))) return CN_EINVAL;
+    for (int i = 0; i < n_cap; i++)
+        if (at[i] <= st->offset || at[i] > st->offset + n || (i > 0 && at[i] <= at[i - 1])) return CN_EINVAL;
+    return CN_OK;
+}
+
 static int check_batch(const cn_model *m, const cn_state *st, const cn_batch *bt) {
-    if (!bt || !bt->tokens || bt->n <= 0 || st->mtp) return CN_EINVAL;
-    if ((int64_t)st->offset + bt->n > st->max_ctx) return CN_ECONTEXT;
-    for (int i = 0; i < bt->n; i++)
-        if (bt->tokens[i] < 0 || bt->tokens[i] >= m->cfg.vocab_size) return CN_EINVAL;
-    if (bt->n_capture < 0 || (bt->n_capture > 0 && (!bt->capture_at || !bt->captures))) return CN_EINVAL;
-    for (int i = 0; i < bt->n_capture; i++) {
-        int at = bt->capture_at[i];
-        if (at <= st->offset || at > st->offset + bt->n) return CN_EINVAL;
-        if (i > 0 && at <= bt->capture_at[i - 1]) return CN_EINVAL;
+    return bt ? check_piece(m, st, bt->tokens, bt->n, bt->capture_at, bt->n_capture, bt->captures) : CN_EINVAL;
+}
+
+/* Buffers of st's shapes for captures at at[0, n) (the conv and scan fill them); on an error
+ * every one is freeable. */
+static int alloc_caps(cn_state *st, const int *at, int n, cn_rsnap *caps) {
+    for (int i = 0; i < n; i++) memset(&caps[i], 0, sizeof caps[i]);
+    for (int i = 0; i < n; i++) {
+        int rc = cn_state_snapshot_alloc(st, &caps[i]);
+        if (rc) return rc;
+        caps[i].offset = at[i];
     }
     return CN_OK;
 }
@@ -773,13 +793,7 @@ static int alloc_captures(cn_state *st, cn_batch *bt) {
         }
         return CN_OK;
     }
-    for (int i = 0; i < bt->n_capture; i++) memset(&bt->captures[i], 0, sizeof bt->captures[i]);
-    for (int i = 0; i < bt->n_capture; i++) {
-        int rc = cn_state_snapshot_alloc(st, &bt->captures[i]); /* the scan fills it */
-        if (rc) return rc;
-        bt->captures[i].offset = bt->capture_at[i];
-    }
-    return CN_OK;
+    return alloc_caps(st, bt->capture_at, bt->n_capture, bt->captures);
 }
 
 static void free_captures(cn_model *m, cn_batch *bt) {
@@ -912,18 +926,11 @@ int cn_model_forward_seqs(cn_model *m, cn_seq_batch *sb, int n_seqs) {
     int T = 0;
     for (int i = 0; i < n_seqs; i++) {
         const cn_seq_batch *q = &sb[i];
-        if (!q->state || q->state->mtp || !q->tokens || q->n <= 0 || q->n > U - T) return CN_EINVAL;
-        if (q->n_capture < 0 || q->n_capture > PIECE_CAPS || (q->n_capture && (!q->capture_at || !q->captures)))
-            return CN_EINVAL;
-        for (int c = 0; c < q->n_capture; c++)
-            if (q->capture_at[c] <= q->state->offset || q->capture_at[c] > q->state->offset + q->n ||
-                (c > 0 && q->capture_at[c] <= q->capture_at[c - 1]))
-                return CN_EINVAL;
+        if (!q->state || q->n > U - T || q->n_capture > PIECE_CAPS) return CN_EINVAL;
         for (int j = 0; j < i; j++)
             if (sb[j].state == q->state) return CN_EINVAL;
-        if ((int64_t)q->state->offset + q->n > q->state->max_ctx) return CN_ECONTEXT;
-        for (int t = 0; t < q->n; t++)
-            if (q->tokens[t] < 0 || q->tokens[t] >= m->cfg.vocab_size) return CN_EINVAL;
+        int rc = check_piece(m, q->state, q->tokens, q->n, q->capture_at, q->n_capture, q->captures);
+        if (rc) return rc;
         T += q->n;
     }
     if (n_seqs == 1) { /* the one-sequence forward, its decode steps recorded and replayed */
@@ -943,11 +950,7 @@ int cn_model_forward_seqs(cn_model *m, cn_seq_batch *sb, int n_seqs) {
     for (int i = 0, r = 0; !rc && i < n_seqs; r += sb[i++].n) {
         sq[i] = (seq){sb[i].state, r, sb[i].n, sb[i].state->offset, sb[i].capture_at, sb[i].n_capture,
                       sb[i].captures};
-        for (int c = 0; c < sb[i].n_capture; c++) memset(&sb[i].captures[c], 0, sizeof sb[i].captures[c]);
-        for (int c = 0; !rc && c < sb[i].n_capture; c++) { /* the conv and scan fill them */
-            rc = cn_state_snapshot_alloc(sb[i].state, &sb[i].captures[c]);
-            sb[i].captures[c].offset = sb[i].capture_at[c];
-        }
+        rc = alloc_caps(sb[i].state, sb[i].capture_at, sb[i].n_capture, sb[i].captures);
         n_alloc = i + 1;
         if (!rc) rc = cn_backend_upload(b, &s->ids, (uint64_t)r * 4, sb[i].tokens, (uint64_t)sb[i].n * 4);
     }

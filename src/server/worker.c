@@ -63,6 +63,15 @@ static int should_cancel(void *ctx) {
     return cn_now_ms() - gone >= c->w->finish_cancelled_s * 1e3;
 }
 
+/* (5): a job that will never run: its connection gets an error frame and the end; the queue's
+ * reference goes. */
+static void drop_unrun(cn_job *j) {
+    cn_api_ops_for(j->api)->final(j, CN_ECANCELED);
+    cn_job_set_state(j, CN_JOB_CANCELED);
+    cn_chan_close(&j->chan);
+    cn_job_unref(j);
+}
+
 typedef struct lane_arg {
     cn_worker *w;
     int lane;
@@ -96,10 +105,7 @@ static void *worker_main(void *arg) {
         w->held--;
         if (w->stopping) { /* (5), as for the jobs still queued */
             pthread_mutex_unlock(&w->mu);
-            cn_api_ops_for(j->api)->final(j, CN_ECANCELED);
-            cn_job_set_state(j, CN_JOB_CANCELED);
-            cn_chan_close(&j->chan);
-            cn_job_unref(j);
+            drop_unrun(j);
             break;
         }
         w->running[lane] = j;
@@ -167,13 +173,7 @@ void cn_worker_stop(cn_worker *w) {
     pthread_mutex_unlock(&w->mu);
     for (int k = 0; k < w->n_started; k++) pthread_join(w->threads[k], NULL);
     /* (5): the waiting jobs never run; their connections see an error frame and the end */
-    for (int i = 0; i < w->count; i++) {
-        cn_job *j = w->q[(w->head + i) % w->max_queue];
-        cn_api_ops_for(j->api)->final(j, CN_ECANCELED);
-        cn_job_set_state(j, CN_JOB_CANCELED);
-        cn_chan_close(&j->chan);
-        cn_job_unref(j);
-    }
+    for (int i = 0; i < w->count; i++) drop_unrun(w->q[(w->head + i) % w->max_queue]);
     w->count = 0;
     pthread_mutex_destroy(&w->mu);
     pthread_cond_destroy(&w->cv);
